@@ -1,0 +1,113 @@
+// The Kernels seam: compute on gradient buffers, one contract with a CPU implementation
+// (kernels/cpu, C++ and BLAS) and a CUDA twin (kernels/cuda, CUB and cuBLAS), chosen by where
+// the memory lives (KernelsFor). Strategies call only this interface.
+//
+// Contracts every implementation keeps (the tests check the CUDA twin against the CPU one):
+//  - FusedResidualTopK: one fused pass adds the gradient into the residual (optionally through
+//    a momentum buffer, DGC's momentum correction) and selects exactly k entries of largest
+//    magnitude, ties broken by the smaller index; the selected entries leave the residual.
+//    Output indices are ascending. Invariant, exact in float32:
+//        sent[i] + residual_after[i] == residual_before[i] + update[i]
+//    where update = gradient (no momentum) or the new momentum (with momentum).
+//  - ScatterAdd: dense[idx[j]] += val[j]; indices must be < n (checked, error otherwise).
+//  - SufficientFactorGemm: G (M x N, row-major) = alpha * U^T V + beta * G for U (rows x M)
+//    and V (rows x N), both row-major: one GEMM over all gathered factors.
+//  - Casts: float32 <-> float16 / bfloat16, round to nearest even.
+//  - Pack / Unpack: copy a list of byte ranges into / out of one contiguous fusion buffer.
+//  - Optimizer steps on a shard, fused with the aggregation: the gradient is the sum of
+//    num_grads vectors laid out at grads + g * grad_stride, scaled by grad_scale (1/P to
+//    average), all in the same pass as the update.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace poseidon {
+
+struct SgdParams {
+  float lr = 0.01f;
+  float momentum = 0.9f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+struct AdamParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based step count, for bias correction
+};
+
+struct ByteRange {
+  void* data;
+  size_t bytes;
+};
+struct ConstByteRange {
+  const void* data;
+  size_t bytes;
+};
+
+// Scratch a kernel keeps between calls (sized on first use, reused across steps). Each
+// implementation defines its own; callers own it through this handle.
+class KernelWorkspace {
+ public:
+  virtual ~KernelWorkspace() = default;
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual MemoryKind memory() const = 0;
+  virtual const char* name() const = 0;
+
+  // Makes the scratch FusedResidualTopK needs; reuse it for every step of a layer.
+  virtual std::unique_ptr<KernelWorkspace> NewWorkspace() const = 0;
+
+  // residual (and momentum, when non-null, with factor `momentum`) are updated in place;
+  // out_idx / out_val receive exactly k entries, indices ascending. Requires 0 < k <= n.
+  virtual Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
+                                   float momentum, size_t n, size_t k, uint32_t* out_idx,
+                                   float* out_val, KernelWorkspace* ws, void* stream) const = 0;
+
+  virtual Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense,
+                            size_t n, void* stream) const = 0;
+
+  virtual Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m,
+                                      size_t n, float alpha, float beta, float* g,
+                                      void* stream) const = 0;
+
+  // dst dtype from src dtype; supports float32 <-> float16 / bfloat16 (and same-type copy).
+  virtual Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
+                      void* stream) const = 0;
+
+  virtual Status Pack(const std::vector<ConstByteRange>& parts, void* dst,
+                      void* stream) const = 0;
+  virtual Status Unpack(const void* src, const std::vector<ByteRange>& parts,
+                        void* stream) const = 0;
+
+  // velocity is the momentum buffer (n floats, owned by the shard owner).
+  virtual Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                         float grad_scale, float* velocity, size_t n, const SgdParams& p,
+                         void* stream) const = 0;
+  virtual Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                          float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
+                          void* stream) const = 0;
+
+  // dst[i] = sum over g of src[g * stride + i]; used to reduce gathered pieces.
+  virtual Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n,
+                         void* stream) const = 0;
+};
+
+// The CPU kernels (always built) and, when CUDA is built, the CUDA kernels.
+const Kernels& CpuKernels();
+// kUnavailable when this build has no CUDA.
+Result<const Kernels*> KernelsFor(MemoryKind memory);
+
+}  // namespace poseidon

@@ -1,0 +1,34 @@
+// Cross-rank agreement on a collective's arguments, so that one rank's bad argument or a
+// disagreement fails the call on every rank instead of leaving the others waiting.
+//
+// One MPI_Allreduce (MAX over values and their negations) of a handful of int64 compares
+// count, dtype, root and a hash of the shard layout and ORs a "my arguments are bad" flag.
+// Only on failure does a second exchange gather every rank's values and messages, so the error
+// names the ranks and values that differ.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace poseidon {
+
+struct CollectiveArgs {
+  const char* call = "";     // "AllReduce", ...
+  int64_t count = 0;         // elements that must match across ranks (or -1: not compared)
+  int64_t dtype = 0;
+  int64_t root = 0;          // -1 when the call has no root
+  uint64_t layout_hash = 0;  // hash of a counts vector (0 when none)
+  Status local;              // this rank's own validation result
+};
+
+// Returns OK on every rank, or the same error on every rank.
+Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args);
+
+uint64_t HashCounts(const std::vector<size_t>& counts);
+
+}  // namespace poseidon

@@ -1,0 +1,81 @@
+// The Backend seam: moves bytes between ranks. Strategies and the engine see only this
+// interface, never MPI or NCCL directly.
+//
+// Contract shared by every backend:
+//  - Collectives are sums (the only reduction gradient exchange needs). float16 / bfloat16 are
+//    accumulated in float32 and rounded once at the end.
+//  - Blocking calls with POSEIDON_CHECK_ARGS on (the default) first agree across ranks: every
+//    rank's arguments are checked locally, then one small allreduce compares count, dtype, root
+//    and the shard layout. Any bad argument or disagreement fails the call on *every* rank with
+//    an error naming the call, the value and the ranks involved, so no rank is left waiting.
+//  - Non-blocking calls (I*) skip that check: the engine verifies agreement itself.
+//  - send == recv means in place where the call allows it (AllReduce).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace poseidon {
+
+struct CallOptions {
+  MemoryKind memory = MemoryKind::kHost;
+  void* stream = nullptr;  // cudaStream_t for device memory; the call is ordered on it
+};
+
+// A pending non-blocking collective. Owns whatever scratch the call needs until it completes.
+class Request {
+ public:
+  virtual ~Request() = default;
+  // True when complete (and then its result is final); never blocks.
+  virtual Result<bool> Test() = 0;
+  // Blocks until complete.
+  virtual Status Wait() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual bool SupportsMemory(MemoryKind memory) const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // recv[i] = sum over ranks of send[i], for i < count. Same count and dtype on every rank.
+  virtual Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                           const CallOptions& opts = {}) = 0;
+  // send holds sum(counts) elements, rank r's slice at offset sum(counts[0..r)); recv gets
+  // counts[rank] elements, the sum over ranks of this rank's slice. counts (one per rank, any
+  // values, zeros allowed) must be the same on every rank.
+  virtual Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
+                               DType dtype, const CallOptions& opts = {}) = 0;
+  // recv gets count elements from every rank, in rank order (size() * count elements).
+  virtual Status AllGather(const void* send, void* recv, size_t count, DType dtype,
+                           const CallOptions& opts = {}) = 0;
+  // send holds counts[rank] elements; recv gets every rank's elements in rank order.
+  virtual Status AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
+                            DType dtype, const CallOptions& opts = {}) = 0;
+  virtual Status Broadcast(void* buf, size_t count, DType dtype, int root,
+                           const CallOptions& opts = {}) = 0;
+  virtual Status Barrier() = 0;
+
+  // Non-blocking forms. Buffers must stay valid and untouched until the request completes.
+  virtual Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
+                                                      DType dtype,
+                                                      const CallOptions& opts = {}) = 0;
+  virtual Result<std::unique_ptr<Request>> IReduceScatter(const void* send, void* recv,
+                                                          const std::vector<size_t>& counts,
+                                                          DType dtype,
+                                                          const CallOptions& opts = {}) = 0;
+  virtual Result<std::unique_ptr<Request>> IAllGatherV(const void* send, void* recv,
+                                                       const std::vector<size_t>& counts,
+                                                       DType dtype,
+                                                       const CallOptions& opts = {}) = 0;
+};
+
+}  // namespace poseidon

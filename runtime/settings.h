@@ -1,0 +1,79 @@
+// The registry of POSEIDON_* settings. Each one is declared once in settings.def with its type,
+// default and help. Values come from the environment at first use and can be overridden with
+// Settings::Set (the C and Python APIs use it); a value that does not parse is an error that
+// names the variable, the value and the expected type.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace poseidon {
+
+enum class SettingType { kBool, kInt, kDouble, kString };
+const char* SettingTypeName(SettingType t);
+
+struct SettingInfo {
+  std::string name;           // POSEIDON_...
+  SettingType type;
+  std::string default_value;  // as text
+  std::string help;
+};
+
+struct SettingValue {
+  SettingInfo info;
+  std::string value;    // current value as text
+  std::string source;   // "default", "env" or "api"
+};
+
+class Settings {
+ public:
+  static Settings& Global();
+
+  const std::vector<SettingInfo>& All() const { return infos_; }
+  // Current value and where it came from, for every setting, in declaration order.
+  std::vector<SettingValue> Snapshot() const;
+
+  // Sets a value from an API call; checks the name and that the text parses as the type.
+  Status Set(const std::string& name, const std::string& value);
+  // Forgets API overrides and re-reads the environment (tests use it).
+  void Reset();
+  // Checks every environment value parses; the communicator calls it at creation.
+  Status Validate() const;
+
+  Result<bool> GetBool(const std::string& name) const;
+  Result<long long> GetInt(const std::string& name) const;
+  Result<double> GetDouble(const std::string& name) const;
+  Result<std::string> GetString(const std::string& name) const;
+
+  // Typed accessors generated from settings.def: settings::FusionBytes() etc. return the value,
+  // or the default when the environment holds text that does not parse (Validate reports it).
+ private:
+  Settings();
+  const SettingInfo* Find(const std::string& name) const;
+  std::string RawValue(const SettingInfo& info, std::string* source) const;
+
+  std::vector<SettingInfo> infos_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::string> overrides_;  // guarded by mu_
+};
+
+namespace settings {
+#define PSD_SETTING_Bool bool
+#define PSD_SETTING_Int long long
+#define PSD_SETTING_Double double
+#define PSD_SETTING_String std::string
+#define PSD_SETTING(type, accessor, env, def, help) PSD_SETTING_##type accessor();
+#include "runtime/settings.def"
+#undef PSD_SETTING
+}  // namespace settings
+
+// Parsers shared by the registry and by tests.
+Result<bool> ParseBool(const std::string& name, const std::string& text);
+Result<long long> ParseInt(const std::string& name, const std::string& text);
+Result<double> ParseDouble(const std::string& name, const std::string& text);
+
+}  // namespace poseidon

@@ -1,0 +1,269 @@
+// Multi-rank tests of the MPI backend on host memory. Values come from an exact formula:
+// rank r contributes (r + 1) * f(i) with small integers f(i), so every sum is exact in every
+// dtype (the largest, 7 * 36 = 252 at P = 8, is exact in float16 and bfloat16) and results
+// compare with ==.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "runtime/half.h"
+#include "runtime/settings.h"
+#include "runtime/shard.h"
+#include "test/mpi_test_main.h"
+
+namespace poseidon {
+namespace {
+
+using testing::World;
+
+double F(size_t i) { return static_cast<double>(i % 7 + 1); }
+
+// Typed storage for one dtype, filled from doubles and read back as doubles.
+struct Buf {
+  DType dtype;
+  std::vector<unsigned char> bytes;
+  Buf(DType d, size_t n) : dtype(d), bytes(n * DTypeSize(d) + 1) {}
+  void* data() { return bytes.data(); }
+  void Set(size_t i, double v) {
+    unsigned char* p = bytes.data() + i * DTypeSize(dtype);
+    switch (dtype) {
+      case DType::kFloat32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+      case DType::kFloat64: std::memcpy(p, &v, 8); break;
+      case DType::kFloat16: { uint16_t x = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+      case DType::kBFloat16: { uint16_t x = FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+      case DType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+      case DType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+    }
+  }
+  double Get(size_t i) const {
+    const unsigned char* p = bytes.data() + i * DTypeSize(dtype);
+    switch (dtype) {
+      case DType::kFloat32: { float x; std::memcpy(&x, p, 4); return x; }
+      case DType::kFloat64: { double x; std::memcpy(&x, p, 8); return x; }
+      case DType::kFloat16: { uint16_t x; std::memcpy(&x, p, 2); return HalfToFloat(x); }
+      case DType::kBFloat16: { uint16_t x; std::memcpy(&x, p, 2); return BFloat16ToFloat(x); }
+      case DType::kInt32: { int32_t x; std::memcpy(&x, p, 4); return x; }
+      case DType::kInt64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
+    }
+    return 0;
+  }
+};
+
+const DType kAllTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                           DType::kBFloat16, DType::kInt32,   DType::kInt64};
+const size_t kCounts[] = {0, 1, 7, 1001, (1u << 20) + 3};  // up to a few MiB
+
+class Collectives : public ::testing::TestWithParam<DType> {
+ protected:
+  Backend& be() { return World()->host_backend(); }
+  int rank() { return World()->rank(); }
+  int size() { return World()->size(); }
+  double TriangleSum() { return size() * (size() + 1) / 2.0; }
+};
+
+TEST_P(Collectives, AllReduceOutOfPlaceAndInPlace) {
+  DType dt = GetParam();
+  for (size_t n : kCounts) {
+    Buf send(dt, n), recv(dt, n);
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(be().AllReduce(send.data(), recv.data(), n, dt).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv.Get(i), TriangleSum() * F(i)) << "n=" << n << " i=" << i;
+    ASSERT_TRUE(be().AllReduce(send.data(), send.data(), n, dt).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(send.Get(i), TriangleSum() * F(i)) << "in place i=" << i;
+  }
+}
+
+TEST_P(Collectives, ReduceScatterUnevenShards) {
+  DType dt = GetParam();
+  for (size_t n : kCounts) {
+    auto counts = ShardCounts(n, size());
+    auto off = PrefixOffsets(counts);
+    Buf send(dt, n), recv(dt, counts[rank()]);
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(be().ReduceScatter(send.data(), recv.data(), counts, dt).ok());
+    for (size_t j = 0; j < counts[rank()]; ++j) {
+      ASSERT_EQ(recv.Get(j), TriangleSum() * F(off[rank()] + j)) << "n=" << n << " j=" << j;
+    }
+  }
+  // An arbitrary layout with empty shards: rank r gets 3r elements.
+  std::vector<size_t> counts(size());
+  for (int r = 0; r < size(); ++r) counts[r] = 3 * r;
+  auto off = PrefixOffsets(counts);
+  Buf send(dt, off.back()), recv(dt, counts[rank()]);
+  for (size_t i = 0; i < off.back(); ++i) send.Set(i, (rank() + 1) * F(i));
+  ASSERT_TRUE(be().ReduceScatter(send.data(), counts[rank()] ? recv.data() : nullptr, counts, dt).ok());
+  for (size_t j = 0; j < counts[rank()]; ++j) EXPECT_EQ(recv.Get(j), TriangleSum() * F(off[rank()] + j));
+}
+
+TEST_P(Collectives, AllGatherAndAllGatherV) {
+  DType dt = GetParam();
+  for (size_t n : {0ul, 1ul, 7ul, 1001ul}) {
+    Buf send(dt, n), recv(dt, n * size());
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(be().AllGather(send.data(), recv.data(), n, dt).ok());
+    for (int r = 0; r < size(); ++r) {
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv.Get(r * n + i), (r + 1) * F(i));
+    }
+  }
+  // Rank r sends r elements (rank 0 sends none).
+  std::vector<size_t> counts(size());
+  for (int r = 0; r < size(); ++r) counts[r] = r;
+  auto off = PrefixOffsets(counts);
+  Buf send(dt, rank()), recv(dt, off.back());
+  for (size_t i = 0; i < static_cast<size_t>(rank()); ++i) send.Set(i, (rank() + 1) * F(i));
+  ASSERT_TRUE(be().AllGatherV(rank() ? send.data() : nullptr, recv.data(), counts, dt).ok());
+  for (int r = 0; r < size(); ++r) {
+    for (size_t i = 0; i < counts[r]; ++i) ASSERT_EQ(recv.Get(off[r] + i), (r + 1) * F(i));
+  }
+}
+
+TEST_P(Collectives, BroadcastFromEveryRoot) {
+  DType dt = GetParam();
+  for (int root = 0; root < size(); ++root) {
+    for (size_t n : {0ul, 1ul, 1001ul}) {
+      Buf buf(dt, n);
+      for (size_t i = 0; i < n; ++i) buf.Set(i, rank() == root ? (root + 1) * F(i) : -1);
+      ASSERT_TRUE(be().Broadcast(buf.data(), n, dt, root).ok());
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(buf.Get(i), (root + 1) * F(i));
+    }
+  }
+}
+
+TEST_P(Collectives, NonBlockingForms) {
+  DType dt = GetParam();
+  size_t n = 1001;
+  Buf a(dt, n), ar(dt, n);
+  for (size_t i = 0; i < n; ++i) a.Set(i, (rank() + 1) * F(i));
+  auto counts = ShardCounts(n, size());
+  auto off = PrefixOffsets(counts);
+  Buf rs(dt, counts[rank()]);
+  Buf gathered(dt, n);
+  Buf mine(dt, counts[rank()]);
+  for (size_t j = 0; j < counts[rank()]; ++j) mine.Set(j, (rank() + 1) * F(off[rank()] + j));
+
+  auto r1 = be().IAllReduce(a.data(), ar.data(), n, dt);
+  auto r2 = be().IReduceScatter(a.data(), rs.data(), counts, dt);
+  auto r3 = be().IAllGatherV(mine.data(), gathered.data(), counts, dt);
+  ASSERT_TRUE(r1.ok() && r2.ok() && r3.ok());
+  // Poll one to completion with Test, wait for the others.
+  for (;;) {
+    auto t = (*r1)->Test();
+    ASSERT_TRUE(t.ok());
+    if (*t) break;
+  }
+  ASSERT_TRUE((*r2)->Wait().ok());
+  ASSERT_TRUE((*r3)->Wait().ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(ar.Get(i), TriangleSum() * F(i));
+  for (size_t j = 0; j < counts[rank()]; ++j) ASSERT_EQ(rs.Get(j), TriangleSum() * F(off[rank()] + j));
+  for (int r = 0; r < size(); ++r) {
+    for (size_t j = 0; j < counts[r]; ++j) ASSERT_EQ(gathered.Get(off[r] + j), (r + 1) * F(off[r] + j));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, Collectives, ::testing::ValuesIn(kAllTypes),
+                         [](const auto& info) { return DTypeName(info.param); });
+
+// ---- Bad arguments: every rank must fail with the same clear error, and nobody hangs. ----
+
+class BadArguments : public ::testing::Test {
+ protected:
+  Backend& be() { return World()->host_backend(); }
+  int rank() { return World()->rank(); }
+  int size() { return World()->size(); }
+  std::vector<float> buf = std::vector<float>(64, 1.0f);
+};
+
+TEST_F(BadArguments, NullBufferOnOneRankFailsEveryRank) {
+  int bad = size() - 1;
+  void* recv = rank() == bad ? nullptr : buf.data();
+  Status st = be().AllReduce(buf.data(), recv, 10, DType::kFloat32);
+  ASSERT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("recv buffer is null with count 10"), std::string::npos) << st.message();
+  if (rank() != bad) {
+    EXPECT_NE(st.message().find(StrCat("rank ", bad, " passed an invalid argument")),
+              std::string::npos) << st.message();
+  }
+  // The communicator still works afterwards.
+  ASSERT_TRUE(be().AllReduce(buf.data(), buf.data(), 4, DType::kFloat32).ok());
+}
+
+TEST_F(BadArguments, CountsThatDifferAcrossRanks) {
+  if (size() == 1) GTEST_SKIP() << "needs two ranks to disagree";
+  size_t n = rank() == size() - 1 ? 12 : 10;
+  Status st = be().AllReduce(buf.data(), buf.data(), n, DType::kFloat32);
+  ASSERT_EQ(st.code(), StatusCode::kMismatch) << st.ToString();
+  EXPECT_NE(st.message().find("AllReduce: element count differs across ranks (rank 0: 10, rank " +
+                              std::to_string(size() - 1) + ": 12)"),
+            std::string::npos) << st.message();
+  st = be().AllGather(buf.data(), buf.data() + 32, rank() == 0 ? 1 : 2, DType::kFloat32);
+  EXPECT_EQ(st.code(), StatusCode::kMismatch);
+  DType dt = rank() == 0 ? DType::kFloat32 : DType::kInt32;
+  st = be().AllReduce(buf.data(), buf.data(), 4, dt);
+  EXPECT_EQ(st.code(), StatusCode::kMismatch);
+  EXPECT_NE(st.message().find("dtype differs"), std::string::npos) << st.message();
+  std::vector<size_t> counts = ShardCounts(10, size());
+  if (rank() == 0) counts = ShardCounts(11, size());
+  st = be().ReduceScatter(buf.data(), buf.data() + 32, counts, DType::kFloat32);
+  EXPECT_EQ(st.code(), StatusCode::kMismatch) << st.ToString();
+}
+
+TEST_F(BadArguments, UnknownDType) {
+  Status st = be().AllReduce(buf.data(), buf.data(), 4, static_cast<DType>(17));
+  ASSERT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("AllReduce: unknown dtype 17"), std::string::npos) << st.message();
+}
+
+TEST_F(BadArguments, RootOutsideRange) {
+  for (int root : {-1, size()}) {
+    Status st = be().Broadcast(buf.data(), 4, DType::kFloat32, root);
+    ASSERT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find(StrCat("Broadcast: root ", root, " is outside 0..", size() - 1)),
+              std::string::npos) << st.message();
+  }
+  if (size() > 1) {  // roots that differ across ranks
+    Status st = be().Broadcast(buf.data(), 4, DType::kFloat32, rank() == 0 ? 0 : 1);
+    EXPECT_EQ(st.code(), StatusCode::kMismatch) << st.ToString();
+  }
+}
+
+TEST_F(BadArguments, CountsVectorOfWrongLength) {
+  std::vector<size_t> counts(size() + 1, 1);
+  Status st = be().ReduceScatter(buf.data(), buf.data(), counts, DType::kFloat32);
+  ASSERT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find(StrCat("counts has ", size() + 1, " entries; expected one per rank")),
+            std::string::npos) << st.message();
+  auto req = be().IAllGatherV(buf.data(), buf.data(), counts, DType::kFloat32);
+  EXPECT_FALSE(req.ok());
+}
+
+TEST(Communicator, RanksAndHostKey) {
+  auto w = World();
+  int mpi_rank, mpi_size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  EXPECT_EQ(w->rank(), mpi_rank);
+  EXPECT_EQ(w->size(), mpi_size);
+  EXPECT_EQ(w->local_size(), mpi_size);  // one host in tests
+  EXPECT_EQ(w->local_rank(), mpi_rank);
+  EXPECT_EQ(w->num_nodes(), 1);
+  EXPECT_EQ(w->host_key().rfind(StrCat("P", mpi_size, "-hosts1-"), 0), 0u) << w->host_key();
+  EXPECT_FALSE(w->backend(MemoryKind::kDevice).ok() && w->backend(MemoryKind::kDevice).value() == nullptr);
+  // A communicator from a split: even and odd ranks.
+  MPI_Comm half;
+  MPI_Comm_split(MPI_COMM_WORLD, mpi_rank % 2, mpi_rank, &half);
+  {
+    auto sub = Communicator::Create(half);
+    ASSERT_TRUE(sub.ok());
+    EXPECT_EQ((*sub)->size(), (mpi_size + 1 - mpi_rank % 2) / 2);
+    float x = 1.0f;
+    ASSERT_TRUE((*sub)->host_backend().AllReduce(&x, &x, 1, DType::kFloat32).ok());
+    EXPECT_EQ(x, static_cast<float>((*sub)->size()));
+  }
+  MPI_Comm_free(&half);
+  EXPECT_FALSE(Communicator::Create(MPI_COMM_NULL).ok());
+}
+
+}  // namespace
+}  // namespace poseidon
