@@ -1,0 +1,134 @@
+// The Strategy seam: one exchange algorithm per file (allreduce.cc, ps.cc, sfb.cc, topk.cc),
+// each written only against Backend and Kernels, each with its own byte and time model.
+//
+// A strategy is stateless; what a layer keeps between steps (top-k residual, momentum, the
+// optimizer state, kernel workspace, scratch) lives in a LayerState the strategy makes with
+// NewState and the caller owns. Exchange is synchronous and collective: every rank calls it for
+// the same layer, in the same order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/cost_model.h"
+#include "collectives/layer.h"
+#include "kernels/kernels.h"
+#include "runtime/backend.h"
+
+namespace poseidon {
+
+// The buffers of one layer for one step (host or device memory, as the collective's kind).
+//  grad    n floats. Input: this rank's gradient (for fully connected layers it may be left
+//          unset when u and v are given: it is then formed from them when the strategy needs
+//          it). Output without an optimizer: the gradient averaged over ranks. With an
+//          optimizer: scratch.
+//  params  n floats, required with an optimizer: updated in place, identical on every rank.
+//  u, v    fully connected layers: this rank's sufficient factors, batch x M and batch x N,
+//          row-major; required for sfb (unless batch == 0).
+//  batch   K, this rank's number of factor rows; may differ between ranks (a short last batch).
+struct ExchangeBuffers {
+  float* grad = nullptr;
+  float* params = nullptr;
+  const float* u = nullptr;
+  const float* v = nullptr;
+  size_t batch = 0;
+};
+
+// Everything a strategy runs on.
+struct StrategyContext {
+  Backend* backend = nullptr;
+  const Kernels* kernels = nullptr;
+  CallOptions call;  // memory kind and stream for the backend and kernels
+};
+
+// Predicted cost of one exchange of one layer.
+struct CostEstimate {
+  double time_s = 0;      // predicted seconds
+  double bytes_sent = 0;  // wire bytes per rank (see cost_model.h)
+};
+
+// What one exchange did, for the traffic counters.
+struct ExchangeReport {
+  double bytes_sent = 0;  // wire bytes per rank of the collectives it ran
+  bool fell_back_dense = false;  // topk ran a dense allreduce (warm-up or a small layer)
+};
+
+class LayerState {
+ public:
+  virtual ~LayerState() = default;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual StrategyKind kind() const = 0;
+  const char* name() const { return StrategyName(kind()); }
+
+  // Predicted time and bytes per rank for `layer` (resolved), batch K per rank, P ranks.
+  virtual CostEstimate Cost(const LayerSpec& layer, size_t batch, int world,
+                            const CostModel& model) const = 0;
+
+  // Makes the per-layer state (sized lazily where it depends on the step's buffers).
+  virtual Result<std::unique_ptr<LayerState>> NewState(const LayerSpec& layer,
+                                                       const StrategyContext& ctx) const = 0;
+
+  // One synchronous exchange. `step` is the 0-based training step (top-k warm-up counts it).
+  virtual Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
+                          int64_t step, const StrategyContext& ctx,
+                          ExchangeReport* report) const = 0;
+};
+
+// The four strategies (static instances).
+const Strategy& GetStrategy(StrategyKind kind);
+
+// Top-k state visible to tests and tools: this rank's residual and what it sent last step.
+class TopkLayerState : public LayerState {
+ public:
+  virtual const std::vector<float>& residual() const = 0;
+  virtual const std::vector<float>& momentum() const = 0;  // empty without momentum correction
+  virtual const std::vector<uint32_t>& last_indices() const = 0;
+  virtual const std::vector<float>& last_values() const = 0;
+  virtual size_t k() const = 0;
+};
+
+// Helpers the strategies share (collectives/common.cc).
+namespace strategy_internal {
+// Wire bytes and time of a dense allreduce of n floats, plus an optimizer step over n floats
+// when the layer has one.
+CostEstimate DenseAllReduceCost(const LayerSpec& layer, int world, const CostModel& model);
+// grad <- sum over ranks, then either the optimizer step on params (fused with the 1/P scale)
+// or grad *= 1/P. Used by allreduce and by topk's dense fall-back.
+Status DenseAllReduce(const LayerSpec& layer, LayerState* opt_state, const ExchangeBuffers& buf,
+                      const StrategyContext& ctx, ExchangeReport* report);
+// Checks the buffers a strategy needs, naming the call, the layer and the missing pointer.
+Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf,
+                    bool needs_grad_input);
+// For a fully connected layer given as factors only: grad = U^T V (this rank's gradient).
+Status FormGradientFromFactors(const LayerSpec& layer, const ExchangeBuffers& buf,
+                               const StrategyContext& ctx);
+// dst[i] *= scale for n floats (host memory only: the Kernels contract has no scale kernel).
+Status Scale(float* data, size_t n, float scale, const StrategyContext& ctx);
+}  // namespace strategy_internal
+
+// Optimizer state for a span of parameters (the full tensor, or a ps shard). Adam counts its
+// own steps so bias correction never depends on the caller's step numbering.
+class OptimizerState {
+ public:
+  explicit OptimizerState(const OptimizerSpec& spec) : spec_(spec) {}
+  // params[0..n) -= update from grads = grad_scale * sum_g grads[g * stride + i].
+  Status Apply(float* params, const float* grads, int num_grads, size_t stride, float grad_scale,
+               size_t n, const StrategyContext& ctx);
+  const std::vector<float>& first() const { return first_; }    // SGD velocity / Adam m
+  const std::vector<float>& second() const { return second_; }  // Adam v
+  int64_t steps() const { return steps_; }
+
+ private:
+  OptimizerSpec spec_;
+  std::vector<float> first_, second_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace poseidon
