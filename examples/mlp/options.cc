@@ -1,0 +1,156 @@
+#include "examples/mlp/options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+namespace poseidon::mlp {
+namespace {
+
+Result<int64_t> ParseInt(const std::string& flag, const std::string& text, int64_t min,
+                         int64_t max) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  PSD_REQUIRE_ARG(!text.empty() && *end == '\0' && errno == 0 && v >= min && v <= max, flag,
+                  ": got '", text, "'; expected an integer in [", min, ", ", max, "]");
+  return static_cast<int64_t>(v);
+}
+
+Result<double> ParseDouble(const std::string& flag, const std::string& text, double min,
+                           double max, bool max_inclusive) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  const bool in_range = v >= min && (max_inclusive ? v <= max : v < max);
+  PSD_REQUIRE_ARG(!text.empty() && *end == '\0' && errno == 0 && std::isfinite(v) && in_range,
+                  flag, ": got '", text, "'; expected a number in [", min, ", ", max,
+                  max_inclusive ? "]" : ")");
+  return v;
+}
+
+}  // namespace
+
+Result<std::vector<int>> ParseWidths(const std::string& text) {
+  std::vector<int> widths;
+  if (text.empty()) return widths;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string part = text.substr(start, comma == std::string::npos ? std::string::npos
+                                                                            : comma - start);
+    Result<int64_t> w = ParseInt("--hidden", part, 1, 1 << 16);
+    PSD_REQUIRE_ARG(w.ok(), "--hidden: got '", text, "'; width '", part,
+                    "' is not an integer in [1, 65536] (expected e.g. 128,64)");
+    widths.push_back(static_cast<int>(*w));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return widths;
+}
+
+Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args) {
+  TrainerOptions o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::string value;
+    bool has_value = false;
+    const size_t eq = flag.find('=');
+    if (flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    if (flag == "--help" || flag == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (flag == "--check-loss-falls") {
+      PSD_REQUIRE_ARG(!has_value, "--check-loss-falls: takes no value (got '", value, "')");
+      o.check_loss_falls = true;
+      continue;
+    }
+    static const char* const kValued[] = {"--iters",   "--batch",        "--lr",
+                                          "--momentum", "--hidden",      "--seed",
+                                          "--log-every", "--samples",    "--test-samples",
+                                          "--min-accuracy", "--corrupt-rank"};
+    bool known = false;
+    for (const char* k : kValued) known = known || flag == k;
+    PSD_REQUIRE_ARG(known, "poseidon_mlp: unknown argument '", args[i], "'; see --help");
+    if (!has_value) {
+      PSD_REQUIRE_ARG(i + 1 < args.size(), flag, ": missing value; see --help");
+      value = args[++i];
+    }
+    if (flag == "--iters") {
+      PSD_ASSIGN_OR_RETURN(o.iters, ParseInt(flag, value, 1, int64_t{1} << 40));
+    } else if (flag == "--batch") {
+      PSD_ASSIGN_OR_RETURN(int64_t b, ParseInt(flag, value, 1, 1 << 20));
+      o.batch = static_cast<int>(b);
+    } else if (flag == "--lr") {
+      PSD_ASSIGN_OR_RETURN(o.lr, ParseDouble(flag, value, 1e-12, 100.0, true));
+    } else if (flag == "--momentum") {
+      PSD_ASSIGN_OR_RETURN(o.momentum, ParseDouble(flag, value, 0.0, 1.0, false));
+    } else if (flag == "--hidden") {
+      PSD_ASSIGN_OR_RETURN(o.hidden, ParseWidths(value));
+    } else if (flag == "--seed") {
+      PSD_ASSIGN_OR_RETURN(int64_t s, ParseInt(flag, value, 0, INT64_MAX));
+      o.seed = static_cast<uint64_t>(s);
+    } else if (flag == "--log-every") {
+      PSD_ASSIGN_OR_RETURN(o.log_every, ParseInt(flag, value, 0, INT64_MAX));
+    } else if (flag == "--samples") {
+      PSD_ASSIGN_OR_RETURN(o.samples, ParseInt(flag, value, 1, int64_t{1} << 32));
+    } else if (flag == "--test-samples") {
+      PSD_ASSIGN_OR_RETURN(o.test_samples, ParseInt(flag, value, 1, int64_t{1} << 32));
+    } else if (flag == "--min-accuracy") {
+      PSD_ASSIGN_OR_RETURN(o.min_accuracy, ParseDouble(flag, value, 0.0, 1.0, true));
+    } else if (flag == "--corrupt-rank") {
+      PSD_ASSIGN_OR_RETURN(int64_t r, ParseInt(flag, value, 0, 1 << 30));
+      o.corrupt_rank = static_cast<int>(r);
+    }
+  }
+  return o;
+}
+
+std::string TrainerHelp() {
+  const TrainerOptions d;
+  std::string hidden;
+  for (size_t i = 0; i < d.hidden.size(); ++i) {
+    hidden += (i ? "," : "") + std::to_string(d.hidden[i]);
+  }
+  return StrCat(
+      "poseidon_mlp: data-parallel training of a multi-layer perceptron with Poseidon.\n"
+      "Run under mpirun: every rank trains on its shard of the data, the gradients are averaged\n"
+      "with Poseidon's dense allreduce, and every rank applies the same SGD step.\n"
+      "\n"
+      "Data: a synthetic, seeded classification task, identical on every rank: 10 classes,\n"
+      "each a mixture of 3 Gaussian clusters in a 16-d latent space, passed through a fixed\n"
+      "random tanh map to 64 features. The clusters overlap and 2% of the labels are replaced\n"
+      "by another class, so no model passes 98%; a linear model (--hidden '') reaches about\n"
+      "68%, the default MLP about 91%. Rank r trains on samples r, r+P, r+2P, ...; a separate\n"
+      "held-out split measures test accuracy.\n"
+      "\n"
+      "Model: 64 -> hidden... -> 10, fully connected, ReLU, softmax cross-entropy,\n"
+      "SGD with momentum, He-initialised from the seed.\n"
+      "\n"
+      "Usage: mpirun -np <P> poseidon_mlp [flags]\n"
+      "  --iters N            SGD steps (default ", d.iters, ")\n"
+      "  --batch K            per-rank batch size; global batch K*P (default ", d.batch, ")\n"
+      "  --lr X               learning rate (default ", d.lr, ")\n"
+      "  --momentum X         momentum in [0, 1) (default ", d.momentum, ")\n"
+      "  --hidden W1,W2,...   hidden layer widths, '' for none (default ", hidden, ")\n"
+      "  --seed S             seed for data, weights and shuffling (default ", d.seed, ")\n"
+      "  --log-every N        progress line every N steps, 0 for none (default ", d.log_every,
+      ")\n"
+      "  --samples N          training samples in total, sharded across ranks (default ",
+      d.samples, ")\n"
+      "  --test-samples N     held-out samples (default ", d.test_samples, ")\n"
+      "  --check-loss-falls   exit 1 unless the held-out loss fell to below half its\n"
+      "                       initial value and test accuracy >= --min-accuracy\n"
+      "  --min-accuracy X     accuracy threshold in [0, 1] for --check-loss-falls (default ",
+      d.min_accuracy, ")\n"
+      "  --corrupt-rank R     testing aid: rank R changes one weight before the final\n"
+      "                       identity check, which must then fail and name rank R\n"
+      "  --help               this text\n");
+}
+
+}  // namespace poseidon::mlp

@@ -1,0 +1,38 @@
+// Command-line options of the example trainer (poseidon_mlp) and their parser.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace poseidon::mlp {
+
+struct TrainerOptions {
+  int64_t iters = 3000;            // SGD steps (every rank takes the same number)
+  int batch = 32;                  // per-rank batch K; the global batch is K * P
+  double lr = 0.05;
+  double momentum = 0.9;
+  std::vector<int> hidden = {128, 64};
+  uint64_t seed = 1;               // data set, initial weights and shuffling
+  int64_t log_every = 500;         // 0: no progress lines
+  int64_t samples = 40000;         // training samples in total, sharded across ranks
+  int64_t test_samples = 10000;    // held-out samples, never trained on
+  bool check_loss_falls = false;
+  double min_accuracy = 0.0;       // with --check-loss-falls: required test accuracy (0..1)
+  int corrupt_rank = -1;           // testing aid: this rank perturbs one weight before the check
+  bool help = false;
+};
+
+// Parses argv[1..argc) ("--flag value" or "--flag=value"). Unknown flags, missing values and
+// out-of-range values are errors that name the flag, the value and what was expected.
+Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args);
+
+// Parses "128,64" into {128, 64}; every width >= 1. An empty string means no hidden layer.
+Result<std::vector<int>> ParseWidths(const std::string& text);
+
+// The --help text.
+std::string TrainerHelp();
+
+}  // namespace poseidon::mlp

@@ -1,0 +1,320 @@
+// poseidon_mlp: the example data-parallel trainer, Poseidon's main job.
+//
+// Step by step (every rank runs the same program under mpirun):
+//  1. Parse the flags (identical on every rank, so a bad flag fails every rank alike) and build
+//     a Communicator over MPI_COMM_WORLD.
+//  2. Generate the seeded synthetic task (examples/mlp/data.h); rank r keeps training samples
+//     r, r+P, r+2P, ... and the same stride of the held-out split for evaluation.
+//  3. Build the MLP from the seed, so every rank starts from bit-identical parameters.
+//  4. Each step: take the next K samples of this rank's shard (reshuffled every epoch), run
+//     forward and backward (BLAS), allreduce the one fused gradient buffer through Poseidon's
+//     host backend, divide by P, and apply the same SGD-with-momentum step on every rank.
+//  5. Every --log-every steps, sum the recent batches' loss and accuracy across ranks and let
+//     rank 0 print them with the global throughput.
+//  6. At the end, evaluate the held-out split (each rank its stride, summed), print a summary,
+//     and verify that every rank holds bit-identical parameters (allgather of a 64-bit hash):
+//     identical inputs to identical SGD steps must give identical weights, and a difference
+//     means the exchange is broken.
+#include <cblas.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "examples/mlp/data.h"
+#include "examples/mlp/model.h"
+#include "examples/mlp/options.h"
+#include "runtime/build_config.h"
+#include "runtime/communicator.h"
+
+namespace poseidon::mlp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Sums loss, correct and count over ranks (float64 sums of integers below 2^53 are exact).
+Result<EvalResult> SumOverRanks(Backend& be, const EvalResult& local) {
+  double v[3] = {local.loss_sum, static_cast<double>(local.correct),
+                 static_cast<double>(local.count)};
+  PSD_CHECK(be.AllReduce(v, v, 3, DType::kFloat64));
+  EvalResult r;
+  r.loss_sum = v[0];
+  r.correct = static_cast<int64_t>(v[1]);
+  r.count = static_cast<int64_t>(v[2]);
+  return r;
+}
+
+// Held-out loss and accuracy: each rank evaluates its stride of the test split.
+Result<EvalResult> EvaluateGlobal(Backend& be, const Mlp& model, const Dataset& test) {
+  PSD_ASSIGN_OR_RETURN(EvalResult local, model.Evaluate(test.x.data(), test.y.data(),
+                                                         test.size()));
+  return SumOverRanks(be, local);
+}
+
+double Mean(const EvalResult& r) { return r.count ? r.loss_sum / r.count : 0.0; }
+double Accuracy(const EvalResult& r) {
+  return r.count ? static_cast<double>(r.correct) / r.count : 0.0;
+}
+
+// Walks this rank's shard in an order reshuffled every epoch (Fisher-Yates from a stream
+// seeded by seed, rank and epoch, so runs are reproducible).
+class BatchSampler {
+ public:
+  BatchSampler(size_t n, uint64_t seed, int rank) : order_(n), seed_(seed), rank_(rank) {
+    Shuffle();
+  }
+  size_t Next() {
+    if (pos_ == order_.size()) {
+      ++epoch_;
+      Shuffle();
+    }
+    return order_[pos_++];
+  }
+  int64_t epoch() const { return epoch_; }
+
+ private:
+  void Shuffle() {
+    std::iota(order_.begin(), order_.end(), size_t{0});
+    Rng rng(MixSeed(seed_, 0x73687566 /* "shuf" */ + static_cast<uint64_t>(rank_),
+                    static_cast<uint64_t>(epoch_)));
+    for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng.Below(i)]);
+    pos_ = 0;
+  }
+  std::vector<size_t> order_;
+  uint64_t seed_;
+  int rank_;
+  int64_t epoch_ = 0;
+  size_t pos_ = 0;
+};
+
+// Outcome of a run that completed its collectives (so every rank agrees on it).
+struct RunOutcome {
+  bool params_identical = true;
+  bool check_failed = false;
+};
+
+Status Train(const TrainerOptions& opt, Communicator& comm, RunOutcome* out) {
+  Backend& be = comm.host_backend();
+  const int rank = comm.rank();
+  const int world = comm.size();
+  const bool root = rank == 0;
+
+  PSD_REQUIRE_ARG(opt.samples >= world, "--samples: got ", opt.samples, " with ", world,
+                  " ranks; expected at least one training sample per rank");
+  PSD_ASSIGN_OR_RETURN(SyntheticTask task, SyntheticTask::Create(TaskConfig{}, opt.seed));
+  PSD_ASSIGN_OR_RETURN(Dataset train, task.Generate(Split::kTrain, opt.samples, rank, world));
+  PSD_ASSIGN_OR_RETURN(Dataset test, task.Generate(Split::kTest, opt.test_samples, rank, world));
+
+  std::vector<int> widths = {task.config().features};
+  widths.insert(widths.end(), opt.hidden.begin(), opt.hidden.end());
+  widths.push_back(task.config().classes);
+  PSD_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(widths, opt.seed));
+  PSD_ASSIGN_OR_RETURN(SgdMomentum sgd, SgdMomentum::Create(model.num_params(), opt.lr,
+                                                            opt.momentum));
+  const size_t n = model.num_params();
+  const int k = opt.batch;
+  const int64_t global_batch = static_cast<int64_t>(k) * world;
+
+  PSD_ASSIGN_OR_RETURN(EvalResult initial, EvaluateGlobal(be, model, test));
+  if (root) {
+    std::printf("poseidon_mlp: %d rank%s on %d node%s, Poseidon %s (%s), backend %s, BLAS %s\n",
+                world, world == 1 ? "" : "s", comm.num_nodes(), comm.num_nodes() == 1 ? "" : "s",
+                POSEIDON_VERSION_STRING, POSEIDON_BUILD_TYPE, be.name().c_str(),
+                POSEIDON_BLAS_NAME);
+    std::printf("model   : %s, ReLU, softmax cross-entropy, He init from seed %llu\n",
+                model.Describe().c_str(), static_cast<unsigned long long>(opt.seed));
+    std::printf("data    : %s\n", task.Describe().c_str());
+    std::printf("          train %lld samples (rank r takes every %d-th from r: %zu on rank 0), "
+                "held-out %lld\n",
+                static_cast<long long>(opt.samples), world, train.size(),
+                static_cast<long long>(opt.test_samples));
+    std::printf("training: %lld iters, batch %d per rank (%lld global), SGD lr %g momentum %g, "
+                "dense allreduce of one fused %zu-float buffer (%.1f KiB) per step\n",
+                static_cast<long long>(opt.iters), k, static_cast<long long>(global_batch),
+                opt.lr, opt.momentum, n, n * sizeof(float) / 1024.0);
+    std::printf("initial : held-out loss %.4f, accuracy %.2f%%\n", Mean(initial),
+                100.0 * Accuracy(initial));
+    if (opt.log_every > 0) {
+      std::printf("%8s %8s %10s %10s %12s\n", "iter", "epoch", "loss", "train_acc", "samples/s");
+    }
+    std::fflush(stdout);
+  }
+
+  BatchSampler sampler(train.size(), opt.seed, rank);
+  const int features = train.features;
+  std::vector<float> xb(static_cast<size_t>(k) * features);
+  std::vector<int32_t> yb(k);
+  EvalResult window;
+  double allreduce_s = 0;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point window_start = start;
+  int64_t window_iters = 0;
+
+  for (int64_t it = 1; it <= opt.iters; ++it) {
+    for (int i = 0; i < k; ++i) {
+      const size_t s = sampler.Next();
+      std::memcpy(&xb[static_cast<size_t>(i) * features], &train.x[s * features],
+                  sizeof(float) * features);
+      yb[i] = train.y[s];
+    }
+    PSD_CHECK(model.ForwardBackward(xb.data(), yb.data(), k, &window));
+
+    // The exchange: one fused buffer holding every layer's gradient, summed in place.
+    const Clock::time_point t0 = Clock::now();
+    Status st = be.AllReduce(model.grads(), model.grads(), n, DType::kFloat32);
+    if (!st.ok()) return st.WithPrefix(StrCat("step ", it, ": gradient allreduce: "));
+    allreduce_s += Seconds(t0, Clock::now());
+    float* g = model.grads();
+    const float p = static_cast<float>(world);
+    for (size_t i = 0; i < n; ++i) g[i] /= p;
+    PSD_CHECK(sgd.Step(model.params(), model.grads(), n));
+    ++window_iters;
+
+    if (opt.log_every > 0 && (it % opt.log_every == 0 || it == opt.iters)) {
+      PSD_ASSIGN_OR_RETURN(EvalResult w, SumOverRanks(be, window));
+      const Clock::time_point now = Clock::now();
+      if (root) {
+        const double rate = window_iters * global_batch / Seconds(window_start, now);
+        std::printf("%8lld %8lld %10.4f %9.2f%% %12.0f\n", static_cast<long long>(it),
+                    static_cast<long long>(sampler.epoch()), Mean(w), 100.0 * Accuracy(w),
+                    rate);
+        std::fflush(stdout);
+      }
+      window = EvalResult();
+      window_start = now;
+      window_iters = 0;
+    }
+  }
+  const double train_s = Seconds(start, Clock::now());
+
+  PSD_ASSIGN_OR_RETURN(EvalResult final_eval, EvaluateGlobal(be, model, test));
+  const double init_loss = Mean(initial), final_loss = Mean(final_eval);
+  const double acc = Accuracy(final_eval);
+
+  // Bit-identical parameters on every rank, or a loud failure naming the ranks that differ.
+  if (rank == opt.corrupt_rank) {
+    model.params()[0] = std::nextafter(model.params()[0], 1e30f);  // one ulp, as a bug might
+  }
+  const uint64_t hash = HashBytes(model.params(), n * sizeof(float));
+  std::vector<uint64_t> hashes(world);
+  PSD_CHECK(be.AllGather(&hash, hashes.data(), 1, DType::kInt64));
+  std::vector<int> differ;
+  for (int r = 1; r < world; ++r) {
+    if (hashes[r] != hashes[0]) differ.push_back(r);
+  }
+  out->params_identical = differ.empty();
+
+  if (root) {
+    const double samples = static_cast<double>(opt.iters) * global_batch;
+    std::printf("summary : held-out accuracy %.2f%% (loss %.4f, from %.4f), %lld iters, "
+                "%.0f samples in %.2f s = %.0f samples/s (all ranks), allreduce %.1f%% of "
+                "rank 0's time\n",
+                100.0 * acc, final_loss, init_loss, static_cast<long long>(opt.iters), samples,
+                train_s, samples / train_s, 100.0 * allreduce_s / train_s);
+    if (differ.empty()) {
+      std::printf("params  : bit-identical on all %d ranks (hash %016llx)\n", world,
+                  static_cast<unsigned long long>(hash));
+    } else {
+      std::string list;
+      for (int r : differ) {
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), "%s%d (%016llx)", list.empty() ? "" : ", ", r,
+                      static_cast<unsigned long long>(hashes[r]));
+        list += buf;
+      }
+      std::fprintf(stderr,
+                   "poseidon_mlp: ERROR: parameters differ across ranks after training: rank 0 "
+                   "has hash %016llx; differing ranks (hash): %s. The gradient exchange did not "
+                   "give every rank the same result\n",
+                   static_cast<unsigned long long>(hashes[0]), list.c_str());
+    }
+  }
+
+  if (opt.check_loss_falls) {
+    // "A clear margin": the held-out loss must at least halve (a trained run ends near 1/7).
+    const bool loss_fell = final_loss < 0.5 * init_loss;
+    const bool acc_ok = acc >= opt.min_accuracy;
+    out->check_failed = !loss_fell || !acc_ok;
+    if (root) {
+      std::printf("check   : held-out loss %.4f -> %.4f (needs < %.4f): %s; accuracy %.2f%% "
+                  "(needs >= %.2f%%): %s\n",
+                  init_loss, final_loss, 0.5 * init_loss, loss_fell ? "ok" : "FAILED",
+                  100.0 * acc, 100.0 * opt.min_accuracy, acc_ok ? "ok" : "FAILED");
+    }
+  }
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+int Run(int argc, char** argv) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Result<TrainerOptions> opt = ParseTrainerOptions(std::vector<std::string>(argv + 1,
+                                                                            argv + argc));
+  // Every rank parsed the same argv, so every rank takes the same branch here.
+  if (!opt.ok()) {
+    if (rank == 0) std::fprintf(stderr, "poseidon_mlp: %s\n", opt.status().ToString().c_str());
+    return 2;
+  }
+  if (opt->help) {
+    if (rank == 0) std::fputs(TrainerHelp().c_str(), stdout);
+    return 0;
+  }
+  // Checks that need the world size, still made identically on every rank.
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (opt->samples < world || opt->corrupt_rank >= world) {
+    if (rank == 0) {
+      std::fprintf(stderr, "poseidon_mlp: InvalidArgument: %s\n",
+                   opt->samples < world
+                       ? StrCat("--samples: got ", opt->samples, " with ", world,
+                                " ranks; expected at least one training sample per rank")
+                             .c_str()
+                       : StrCat("--corrupt-rank: got ", opt->corrupt_rank, " with ", world,
+                                " ranks; expected a rank in [0, ", world, ")")
+                             .c_str());
+    }
+    return 2;
+  }
+  // Ranks share cores; BLAS threads on top of MPI ranks would only oversubscribe them further.
+  openblas_set_num_threads(1);
+
+  Result<std::shared_ptr<Communicator>> comm = Communicator::Create(MPI_COMM_WORLD);
+  Status st = comm.status();
+  RunOutcome outcome;
+  if (st.ok()) st = Train(*opt, **comm, &outcome);
+  if (!st.ok()) {
+    std::fprintf(stderr, "poseidon_mlp: rank %d: %s\n", rank, st.ToString().c_str());
+    std::fflush(stderr);
+    // The error may be this rank's alone; aborting keeps the other ranks from waiting forever
+    // in their next collective.
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  return outcome.params_identical && !outcome.check_failed ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace poseidon::mlp
+
+int main(int argc, char** argv) {
+  poseidon::Result<int> level = poseidon::InitMpi(&argc, &argv);
+  if (!level.ok()) {
+    std::fprintf(stderr, "poseidon_mlp: %s\n", level.status().ToString().c_str());
+    return 1;
+  }
+  const int rc = poseidon::mlp::Run(argc, argv);
+  MPI_Finalize();
+  return rc;
+}
