@@ -57,8 +57,7 @@ Result<EvalResult> SumOverRanks(Backend& be, const EvalResult& local) {
 
 // Held-out loss and accuracy: each rank evaluates its stride of the test split.
 Result<EvalResult> EvaluateGlobal(Backend& be, const Mlp& model, const Dataset& test) {
-  PSD_ASSIGN_OR_RETURN(EvalResult local, model.Evaluate(test.x.data(), test.y.data(),
-                                                         test.size()));
+  PSD_ASSIGN_OR_RETURN(EvalResult local, model.Evaluate(test.x.data(), test.y.data(), test.size()));
   return SumOverRanks(be, local);
 }
 
@@ -120,8 +119,8 @@ Status Train(const TrainerOptions& opt, Communicator& comm, RunOutcome* out) {
   widths.insert(widths.end(), opt.hidden.begin(), opt.hidden.end());
   widths.push_back(task.config().classes);
   PSD_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(widths, opt.seed));
-  PSD_ASSIGN_OR_RETURN(SgdMomentum sgd, SgdMomentum::Create(model.num_params(), opt.lr,
-                                                            opt.momentum));
+  PSD_ASSIGN_OR_RETURN(SgdMomentum sgd,
+                       SgdMomentum::Create(model.num_params(), opt.lr, opt.momentum));
   const size_t n = model.num_params();
   const int k = opt.batch;
   const int64_t global_batch = static_cast<int64_t>(k) * world;
@@ -135,14 +134,16 @@ Status Train(const TrainerOptions& opt, Communicator& comm, RunOutcome* out) {
     std::printf("model   : %s, ReLU, softmax cross-entropy, He init from seed %llu\n",
                 model.Describe().c_str(), static_cast<unsigned long long>(opt.seed));
     std::printf("data    : %s\n", task.Describe().c_str());
-    std::printf("          train %lld samples (rank r takes every %d-th from r: %zu on rank 0), "
-                "held-out %lld\n",
-                static_cast<long long>(opt.samples), world, train.size(),
-                static_cast<long long>(opt.test_samples));
-    std::printf("training: %lld iters, batch %d per rank (%lld global), SGD lr %g momentum %g, "
-                "dense allreduce of one fused %zu-float buffer (%.1f KiB) per step\n",
-                static_cast<long long>(opt.iters), k, static_cast<long long>(global_batch),
-                opt.lr, opt.momentum, n, n * sizeof(float) / 1024.0);
+    std::printf(
+        "          train %lld samples (rank r takes every %d-th from r: %zu on rank 0), "
+        "held-out %lld\n",
+        static_cast<long long>(opt.samples), world, train.size(),
+        static_cast<long long>(opt.test_samples));
+    std::printf(
+        "training: %lld iters, batch %d per rank (%lld global), SGD lr %g momentum %g, "
+        "dense allreduce of one fused %zu-float buffer (%.1f KiB) per step\n",
+        static_cast<long long>(opt.iters), k, static_cast<long long>(global_batch), opt.lr,
+        opt.momentum, n, n * sizeof(float) / 1024.0);
     std::printf("initial : held-out loss %.4f, accuracy %.2f%%\n", Mean(initial),
                 100.0 * Accuracy(initial));
     if (opt.log_every > 0) {
@@ -187,8 +188,7 @@ Status Train(const TrainerOptions& opt, Communicator& comm, RunOutcome* out) {
       if (root) {
         const double rate = window_iters * global_batch / Seconds(window_start, now);
         std::printf("%8lld %8lld %10.4f %9.2f%% %12.0f\n", static_cast<long long>(it),
-                    static_cast<long long>(sampler.epoch()), Mean(w), 100.0 * Accuracy(w),
-                    rate);
+                    static_cast<long long>(sampler.epoch()), Mean(w), 100.0 * Accuracy(w), rate);
         std::fflush(stdout);
       }
       window = EvalResult();
@@ -217,11 +217,12 @@ Status Train(const TrainerOptions& opt, Communicator& comm, RunOutcome* out) {
 
   if (root) {
     const double samples = static_cast<double>(opt.iters) * global_batch;
-    std::printf("summary : held-out accuracy %.2f%% (loss %.4f, from %.4f), %lld iters, "
-                "%.0f samples in %.2f s = %.0f samples/s (all ranks), allreduce %.1f%% of "
-                "rank 0's time\n",
-                100.0 * acc, final_loss, init_loss, static_cast<long long>(opt.iters), samples,
-                train_s, samples / train_s, 100.0 * allreduce_s / train_s);
+    std::printf(
+        "summary : held-out accuracy %.2f%% (loss %.4f, from %.4f), %lld iters, "
+        "%.0f samples in %.2f s = %.0f samples/s (all ranks), allreduce %.1f%% of "
+        "rank 0's time\n",
+        100.0 * acc, final_loss, init_loss, static_cast<long long>(opt.iters), samples, train_s,
+        samples / train_s, 100.0 * allreduce_s / train_s);
     if (differ.empty()) {
       std::printf("params  : bit-identical on all %d ranks (hash %016llx)\n", world,
                   static_cast<unsigned long long>(hash));
@@ -247,10 +248,11 @@ Status Train(const TrainerOptions& opt, Communicator& comm, RunOutcome* out) {
     const bool acc_ok = acc >= opt.min_accuracy;
     out->check_failed = !loss_fell || !acc_ok;
     if (root) {
-      std::printf("check   : held-out loss %.4f -> %.4f (needs < %.4f): %s; accuracy %.2f%% "
-                  "(needs >= %.2f%%): %s\n",
-                  init_loss, final_loss, 0.5 * init_loss, loss_fell ? "ok" : "FAILED",
-                  100.0 * acc, 100.0 * opt.min_accuracy, acc_ok ? "ok" : "FAILED");
+      std::printf(
+          "check   : held-out loss %.4f -> %.4f (needs < %.4f): %s; accuracy %.2f%% "
+          "(needs >= %.2f%%): %s\n",
+          init_loss, final_loss, 0.5 * init_loss, loss_fell ? "ok" : "FAILED", 100.0 * acc,
+          100.0 * opt.min_accuracy, acc_ok ? "ok" : "FAILED");
     }
   }
   std::fflush(stdout);
@@ -260,8 +262,7 @@ Status Train(const TrainerOptions& opt, Communicator& comm, RunOutcome* out) {
 int Run(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  Result<TrainerOptions> opt = ParseTrainerOptions(std::vector<std::string>(argv + 1,
-                                                                            argv + argc));
+  Result<TrainerOptions> opt = ParseTrainerOptions(std::vector<std::string>(argv + 1, argv + argc));
   // Every rank parsed the same argv, so every rank takes the same branch here.
   if (!opt.ok()) {
     if (rank == 0) std::fprintf(stderr, "poseidon_mlp: %s\n", opt.status().ToString().c_str());

@@ -55,8 +55,9 @@ Result<SyntheticTask> SyntheticTask::Create(const TaskConfig& c, uint64_t seed) 
                   "; expected >= 1");
   PSD_REQUIRE_ARG(c.classes >= 2, "SyntheticTask::Create: classes = ", c.classes,
                   "; expected >= 2");
-  PSD_REQUIRE_ARG(c.clusters_per_class >= 1, "SyntheticTask::Create: clusters_per_class = ",
-                  c.clusters_per_class, "; expected >= 1");
+  PSD_REQUIRE_ARG(c.clusters_per_class >= 1,
+                  "SyntheticTask::Create: clusters_per_class = ", c.clusters_per_class,
+                  "; expected >= 1");
   PSD_REQUIRE_ARG(c.latent_dim >= 1, "SyntheticTask::Create: latent_dim = ", c.latent_dim,
                   "; expected >= 1");
   PSD_REQUIRE_ARG(c.map_width >= 1, "SyntheticTask::Create: map_width = ", c.map_width,
@@ -67,8 +68,9 @@ Result<SyntheticTask> SyntheticTask::Create(const TaskConfig& c, uint64_t seed) 
   PSD_REQUIRE_ARG(c.cluster_sigma > 0 && std::isfinite(c.cluster_sigma),
                   "SyntheticTask::Create: cluster_sigma = ", c.cluster_sigma,
                   "; expected a finite value > 0");
-  PSD_REQUIRE_ARG(c.label_noise >= 0 && c.label_noise < 1, "SyntheticTask::Create: label_noise = ",
-                  c.label_noise, "; expected a value in [0, 1)");
+  PSD_REQUIRE_ARG(c.label_noise >= 0 && c.label_noise < 1,
+                  "SyntheticTask::Create: label_noise = ", c.label_noise,
+                  "; expected a value in [0, 1)");
 
   SyntheticTask t;
   t.config_ = c;
@@ -100,12 +102,14 @@ void SyntheticTask::Sample(Split split, uint64_t index, float* x, int32_t* label
   for (int d = 0; d < c.latent_dim; ++d) z[d] = center[d] + c.cluster_sigma * rng.Normal();
   for (int j = 0; j < c.map_width; ++j) {
     double acc = b1_[j];
-    for (int d = 0; d < c.latent_dim; ++d) acc += a1_[static_cast<size_t>(j) * c.latent_dim + d] * z[d];
+    for (int d = 0; d < c.latent_dim; ++d)
+      acc += a1_[static_cast<size_t>(j) * c.latent_dim + d] * z[d];
     h[j] = std::tanh(acc);
   }
   for (int f = 0; f < c.features; ++f) {
     double acc = 0;
-    for (int j = 0; j < c.map_width; ++j) acc += a2_[static_cast<size_t>(f) * c.map_width + j] * h[j];
+    for (int j = 0; j < c.map_width; ++j)
+      acc += a2_[static_cast<size_t>(f) * c.map_width + j] * h[j];
     x[f] = static_cast<float>(acc);
   }
   int32_t y = cls;

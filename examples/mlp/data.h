@@ -28,10 +28,10 @@ struct TaskConfig {
   int classes = 10;
   int clusters_per_class = 3;
   int latent_dim = 16;
-  int map_width = 32;            // hidden width of the fixed feature map
-  double center_scale = 1.0;     // standard deviation of the cluster centres
-  double cluster_sigma = 0.8;    // spread of a cluster around its centre
-  double label_noise = 0.02;     // fraction of labels replaced by another class
+  int map_width = 32;          // hidden width of the fixed feature map
+  double center_scale = 1.0;   // standard deviation of the cluster centres
+  double cluster_sigma = 0.8;  // spread of a cluster around its centre
+  double label_noise = 0.02;   // fraction of labels replaced by another class
 };
 
 // The two splits draw from disjoint random streams.

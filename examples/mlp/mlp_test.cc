@@ -309,10 +309,10 @@ TEST(TrainerOptions, DefaultsAndValues) {
   EXPECT_EQ(d->hidden, (std::vector<int>{128, 64}));
   EXPECT_FALSE(d->check_loss_falls);
 
-  auto o = ParseTrainerOptions({"--iters", "10", "--batch=16", "--lr", "0.25", "--momentum",
-                                "0", "--hidden", "32", "--seed=5", "--log-every", "0",
-                                "--samples", "100", "--test-samples=50", "--check-loss-falls",
-                                "--min-accuracy", "0.5"});
+  auto o =
+      ParseTrainerOptions({"--iters", "10", "--batch=16", "--lr", "0.25", "--momentum", "0",
+                           "--hidden", "32", "--seed=5", "--log-every", "0", "--samples", "100",
+                           "--test-samples=50", "--check-loss-falls", "--min-accuracy", "0.5"});
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->iters, 10);
   EXPECT_EQ(o->batch, 16);

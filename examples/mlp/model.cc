@@ -47,11 +47,9 @@ Result<Mlp> Mlp::Create(const std::vector<int>& widths, uint64_t seed) {
   PSD_REQUIRE_ARG(widths.size() >= 2, "Mlp::Create: ", widths.size(),
                   " widths given; expected at least 2 (inputs and classes)");
   for (size_t i = 0; i < widths.size(); ++i) {
-    PSD_REQUIRE_ARG(widths[i] >= 1, "Mlp::Create: width ", i, " is ", widths[i],
-                    "; expected >= 1");
+    PSD_REQUIRE_ARG(widths[i] >= 1, "Mlp::Create: width ", i, " is ", widths[i], "; expected >= 1");
   }
-  PSD_REQUIRE_ARG(widths.back() >= 2, "Mlp::Create: ", widths.back(),
-                  " classes; expected >= 2");
+  PSD_REQUIRE_ARG(widths.back() >= 2, "Mlp::Create: ", widths.back(), " classes; expected >= 2");
   Mlp m;
   m.widths_ = widths;
   size_t offset = 0;
@@ -107,8 +105,8 @@ void Mlp::Forward(const float* x, int k, std::vector<std::vector<float>>* acts) 
     z.resize(static_cast<size_t>(k) * info.out);
     // Start every row from the bias, then Z += A W^T (beta = 1).
     const float* b = &params_[info.b_offset];
-    for (int i = 0; i < k; ++i) std::memcpy(&z[static_cast<size_t>(i) * info.out], b,
-                                            sizeof(float) * info.out);
+    for (int i = 0; i < k; ++i)
+      std::memcpy(&z[static_cast<size_t>(i) * info.out], b, sizeof(float) * info.out);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, k, info.out, info.in, 1.0f, a, info.in,
                 &params_[info.w_offset], info.in, 1.0f, z.data(), info.out);
     if (l + 1 < num) {
@@ -131,8 +129,8 @@ Status Mlp::ForwardBackward(const float* x, const int32_t* y, int k, EvalResult*
     const float* u = grad_out_[l].data();  // K x out
     const float* v = acts_[l].data();      // K x in
     // dW = U^T V: (out x K) (K x in).
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, info.out, info.in, k, 1.0f, u, info.out,
-                v, info.in, 0.0f, &grads_[info.w_offset], info.in);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, info.out, info.in, k, 1.0f, u, info.out, v,
+                info.in, 0.0f, &grads_[info.w_offset], info.in);
     float* db = &grads_[info.b_offset];
     std::fill(db, db + info.out, 0.0f);
     for (int i = 0; i < k; ++i) {
@@ -143,8 +141,8 @@ Status Mlp::ForwardBackward(const float* x, const int32_t* y, int k, EvalResult*
     // U_{l-1} = (U_l W_l) masked by where the ReLU was active (A_l > 0).
     std::vector<float>& prev = grad_out_[l - 1];
     prev.resize(static_cast<size_t>(k) * info.in);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, info.in, info.out, 1.0f, u,
-                info.out, &params_[info.w_offset], info.in, 0.0f, prev.data(), info.in);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, info.in, info.out, 1.0f, u, info.out,
+                &params_[info.w_offset], info.in, 0.0f, prev.data(), info.in);
     for (size_t i = 0; i < prev.size(); ++i) {
       if (!(v[i] > 0.0f)) prev[i] = 0.0f;
     }
@@ -178,8 +176,8 @@ Result<SgdMomentum> SgdMomentum::Create(size_t num_params, double lr, double mom
 }
 
 Status SgdMomentum::Step(float* params, const float* grads, size_t n) {
-  PSD_REQUIRE_ARG(n == velocity_.size(), "SgdMomentum::Step: ", n,
-                  " parameters; expected the ", velocity_.size(), " it was created for");
+  PSD_REQUIRE_ARG(n == velocity_.size(), "SgdMomentum::Step: ", n, " parameters; expected the ",
+                  velocity_.size(), " it was created for");
   PSD_REQUIRE_ARG(n == 0 || (params != nullptr && grads != nullptr),
                   "SgdMomentum::Step: params or grads is null");
   for (size_t i = 0; i < n; ++i) {

@@ -29,10 +29,10 @@
 namespace poseidon::mlp {
 
 struct LayerInfo {
-  int in = 0;             // N: inputs per row
-  int out = 0;            // M: outputs per row
-  size_t w_offset = 0;    // W_l in params()/grads(): out x in floats
-  size_t b_offset = 0;    // b_l: out floats, right after W_l
+  int in = 0;           // N: inputs per row
+  int out = 0;          // M: outputs per row
+  size_t w_offset = 0;  // W_l in params()/grads(): out x in floats
+  size_t b_offset = 0;  // b_l: out floats, right after W_l
   size_t count() const { return static_cast<size_t>(in) * out + out; }  // W and b together
 };
 

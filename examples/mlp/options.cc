@@ -17,14 +17,14 @@ Result<int64_t> ParseInt(const std::string& flag, const std::string& text, int64
   return static_cast<int64_t>(v);
 }
 
-Result<double> ParseDouble(const std::string& flag, const std::string& text, double min,
-                           double max, bool max_inclusive) {
+Result<double> ParseDouble(const std::string& flag, const std::string& text, double min, double max,
+                           bool max_inclusive) {
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   const bool in_range = v >= min && (max_inclusive ? v <= max : v < max);
-  PSD_REQUIRE_ARG(!text.empty() && *end == '\0' && errno == 0 && std::isfinite(v) && in_range,
-                  flag, ": got '", text, "'; expected a number in [", min, ", ", max,
+  PSD_REQUIRE_ARG(!text.empty() && *end == '\0' && errno == 0 && std::isfinite(v) && in_range, flag,
+                  ": got '", text, "'; expected a number in [", min, ", ", max,
                   max_inclusive ? "]" : ")");
   return v;
 }
@@ -37,8 +37,8 @@ Result<std::vector<int>> ParseWidths(const std::string& text) {
   size_t start = 0;
   while (true) {
     const size_t comma = text.find(',', start);
-    const std::string part = text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                            : comma - start);
+    const std::string part =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     Result<int64_t> w = ParseInt("--hidden", part, 1, 1 << 16);
     PSD_REQUIRE_ARG(w.ok(), "--hidden: got '", text, "'; width '", part,
                     "' is not an integer in [1, 65536] (expected e.g. 128,64)");
@@ -70,10 +70,9 @@ Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args)
       o.check_loss_falls = true;
       continue;
     }
-    static const char* const kValued[] = {"--iters",   "--batch",        "--lr",
-                                          "--momentum", "--hidden",      "--seed",
-                                          "--log-every", "--samples",    "--test-samples",
-                                          "--min-accuracy", "--corrupt-rank"};
+    static const char* const kValued[] = {
+        "--iters",     "--batch",   "--lr",           "--momentum",     "--hidden",      "--seed",
+        "--log-every", "--samples", "--test-samples", "--min-accuracy", "--corrupt-rank"};
     bool known = false;
     for (const char* k : kValued) known = known || flag == k;
     PSD_REQUIRE_ARG(known, "poseidon_mlp: unknown argument '", args[i], "'; see --help");
@@ -117,6 +116,8 @@ std::string TrainerHelp() {
   for (size_t i = 0; i < d.hidden.size(); ++i) {
     hidden += (i ? "," : "") + std::to_string(d.hidden[i]);
   }
+  // One flag per line reads better than the formatter's packing.
+  // clang-format off
   return StrCat(
       "poseidon_mlp: data-parallel training of a multi-layer perceptron with Poseidon.\n"
       "Run under mpirun: every rank trains on its shard of the data, the gradients are averaged\n"
@@ -151,6 +152,7 @@ std::string TrainerHelp() {
       "  --corrupt-rank R     testing aid: rank R changes one weight before the final\n"
       "                       identity check, which must then fail and name rank R\n"
       "  --help               this text\n");
+  // clang-format on
 }
 
 }  // namespace poseidon::mlp

@@ -10,18 +10,18 @@
 namespace poseidon::mlp {
 
 struct TrainerOptions {
-  int64_t iters = 3000;            // SGD steps (every rank takes the same number)
-  int batch = 32;                  // per-rank batch K; the global batch is K * P
+  int64_t iters = 3000;  // SGD steps (every rank takes the same number)
+  int batch = 32;        // per-rank batch K; the global batch is K * P
   double lr = 0.05;
   double momentum = 0.9;
   std::vector<int> hidden = {128, 64};
-  uint64_t seed = 1;               // data set, initial weights and shuffling
-  int64_t log_every = 500;         // 0: no progress lines
-  int64_t samples = 40000;         // training samples in total, sharded across ranks
-  int64_t test_samples = 10000;    // held-out samples, never trained on
+  uint64_t seed = 1;             // data set, initial weights and shuffling
+  int64_t log_every = 500;       // 0: no progress lines
+  int64_t samples = 40000;       // training samples in total, sharded across ranks
+  int64_t test_samples = 10000;  // held-out samples, never trained on
   bool check_loss_falls = false;
-  double min_accuracy = 0.0;       // with --check-loss-falls: required test accuracy (0..1)
-  int corrupt_rank = -1;           // testing aid: this rank perturbs one weight before the check
+  double min_accuracy = 0.0;  // with --check-loss-falls: required test accuracy (0..1)
+  int corrupt_rank = -1;      // testing aid: this rank perturbs one weight before the check
   bool help = false;
 };
 
