@@ -7,6 +7,7 @@
 #include "runtime/arg_check.h"
 #include "runtime/half.h"
 #include "runtime/settings.h"
+#include "runtime/shm_collectives.h"
 
 namespace poseidon {
 
@@ -144,6 +145,25 @@ MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
 
 MpiBackend::~MpiBackend() = default;
 
+Result<ShmCollectives*> MpiBackend::ShmFor(size_t bytes) {
+  long long threshold = settings::ShmThresholdBytes();
+  if (threshold <= 0 || bytes < static_cast<size_t>(threshold) || shm_multi_node_) {
+    return static_cast<ShmCollectives*>(nullptr);
+  }
+  long long chunk = settings::ShmChunkBytes();
+  if (shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk) return shm_.get();
+  shm_.reset();  // collective: every rank reaches this point with the same settings
+  auto created = ShmCollectives::Create(comm_, chunk < 0 ? 0 : static_cast<size_t>(chunk),
+                                        settings::ShmTimeoutS());
+  if (!created.ok() && created.status().code() == StatusCode::kUnavailable) {
+    shm_multi_node_ = true;
+    return static_cast<ShmCollectives*>(nullptr);
+  }
+  PSD_CHECK(created.status());
+  shm_ = std::move(created).value();
+  return shm_.get();
+}
+
 bool MpiBackend::SupportsMemory(MemoryKind memory) const { return memory == MemoryKind::kHost; }
 
 Status MpiBackend::CheckMemory(const char* call, const CallOptions& opts) const {
@@ -183,6 +203,8 @@ Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType d
   } else {
     PSD_CHECK(local);
   }
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, ShmFor(count * DTypeSize(dtype)));
+  if (shm != nullptr) return shm->AllReduce(send, recv, count, dtype);
   return AllReduceUnchecked(send, recv, count, dtype);
 }
 
@@ -227,6 +249,8 @@ Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector
   } else {
     PSD_CHECK(local);
   }
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, ShmFor(total * DTypeSize(dtype)));
+  if (shm != nullptr) return shm->ReduceScatter(send, recv, counts, dtype);
   return ReduceScatterUnchecked(send, recv, counts, dtype);
 }
 
@@ -245,6 +269,9 @@ Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType d
     PSD_CHECK(local);
   }
   if (count == 0) return Status::Ok();
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm,
+                       ShmFor(count * static_cast<size_t>(size_) * DTypeSize(dtype)));
+  if (shm != nullptr) return shm->AllGather(send, recv, count, dtype);
   int rc = MPI_Allgather(send, static_cast<int>(count), ToMpiType(dtype), recv,
                          static_cast<int>(count), ToMpiType(dtype), comm_);
   if (rc != MPI_SUCCESS) return MpiError("MPI_Allgather", rc);

@@ -15,6 +15,8 @@
 
 namespace poseidon {
 
+class ShmCollectives;
+
 class MpiBackend : public Backend {
  public:
   // Uses comm as given (the Communicator passes its private duplicate). Does not free it.
@@ -54,10 +56,17 @@ class MpiBackend : public Backend {
   Status ReduceScatterUnchecked(const void* send, void* recv, const std::vector<size_t>& counts,
                                 DType dtype);
   Status AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype);
+  // The shared-memory collectives for a call moving `bytes` (the full buffer: count * dtype size
+  // after the argument check, so every rank decides alike), or nullptr for plain MPI: below
+  // POSEIDON_SHM_THRESHOLD_BYTES, or when the ranks span several nodes. Creates the window at
+  // the first large call (collectively), and again when POSEIDON_SHM_CHUNK_BYTES changes.
+  Result<ShmCollectives*> ShmFor(size_t bytes);
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  std::unique_ptr<ShmCollectives> shm_;
+  bool shm_multi_node_ = false;  // learned collectively at the first large call
 };
 
 // MPI datatype for a Poseidon dtype (half types map to 2-byte opaque units).

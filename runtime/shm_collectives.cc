@@ -1,0 +1,382 @@
+// Shared-memory allreduce / reduce-scatter / allgather for the ranks of one node.
+//
+// AllReduce, per call (P ranks, E = elements per slot, chunk k = elements [kE, (k+1)E)):
+//   1. copy chunk 0 of my input into my slot of stage 0, except my own shard of it (I read
+//      that straight from my input when I reduce it); Sync.
+//   2. for each chunk k:
+//        a. reduce my 1/P shard of chunk k: read that shard from every rank's slot (mine from my
+//           input), sum in rank order, write the sum into my slot at the shard's place;
+//        b. copy chunk k+1 of my input into my slot of the next stage (overlaps the peers'
+//           step a);
+//        c. Sync (everyone's shard of chunk k is reduced and chunk k+1 is in place);
+//        d. copy every rank's reduced shard of chunk k out of the window into recv.
+//   One Sync per chunk. A stage is rewritten three chunks later, and a rank can only get there
+//   after passing the Sync that every rank reaches after its step d on the old chunk, so three
+//   stages are enough for no rank to overwrite a slot a peer still reads.
+//
+// ReduceScatter (counts[q] elements for rank q at offset off[q]; L = E / P):
+//   round k: every rank copies piece k (elements [kL, (k+1)L) of each rank q's slice) into
+//   region q of its slot, except its own slice's piece; Sync; rank q sums region q of every
+//   slot (its own piece from its input) straight into recv. The owner reduces, so nothing is
+//   copied out.
+//
+// AllGather: round k: copy piece k of my input into my slot (and straight into my part of
+// recv); Sync; copy every peer's piece k out of its slot.
+#include "runtime/shm_collectives.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "runtime/half.h"
+#include "runtime/log.h"
+#include "runtime/mpi_backend.h"
+#include "runtime/shard.h"
+
+namespace poseidon {
+namespace {
+
+constexpr size_t kControlBytes = 128;  // one counter per segment, alone on its cache lines
+constexpr uint64_t kStages = 3;
+constexpr size_t kMinChunkBytes = 4096;
+constexpr size_t kBlock = 1024;  // elements summed per block: the accumulator stays in L1
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Exact float16 -> float32 through a 64 Ki-entry table (256 KiB, built once): the scalar
+// conversion branches on subnormals and is several times slower than the memory traffic.
+const float* HalfTable() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = HalfToFloat(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
+}
+
+template <typename T>
+void SumTyped(const void* const* srcs, int n, void* dst, size_t count) {
+  T* out = static_cast<T*>(dst);
+  for (size_t base = 0; base < count; base += kBlock) {
+    size_t b = std::min(kBlock, count - base);
+    T acc[kBlock];
+    const T* __restrict s0 = static_cast<const T*>(srcs[0]) + base;
+    for (size_t j = 0; j < b; ++j) acc[j] = s0[j];
+    for (int p = 1; p < n; ++p) {
+      const T* __restrict sp = static_cast<const T*>(srcs[p]) + base;
+      for (size_t j = 0; j < b; ++j) acc[j] += sp[j];
+    }
+    // Written last so dst may alias a source at the same index.
+    for (size_t j = 0; j < b; ++j) out[base + j] = acc[j];
+  }
+}
+
+template <bool kBFloat16>
+void SumHalf(const void* const* srcs, int n, void* dst, size_t count) {
+  const float* table = kBFloat16 ? nullptr : HalfTable();
+  uint16_t* out = static_cast<uint16_t*>(dst);
+  for (size_t base = 0; base < count; base += kBlock) {
+    size_t b = std::min(kBlock, count - base);
+    float acc[kBlock];
+    for (int p = 0; p < n; ++p) {
+      const uint16_t* __restrict sp = static_cast<const uint16_t*>(srcs[p]) + base;
+      for (size_t j = 0; j < b; ++j) {
+        float v = kBFloat16 ? BitsToFloat(static_cast<uint32_t>(sp[j]) << 16) : table[sp[j]];
+        acc[j] = (p == 0) ? v : acc[j] + v;
+      }
+    }
+    for (size_t j = 0; j < b; ++j) {
+      out[base + j] = kBFloat16 ? FloatToBFloat16(acc[j]) : FloatToHalf(acc[j]);
+    }
+  }
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+void ShmReduceSum(DType dtype, const void* const* srcs, int n, void* dst, size_t count) {
+  if (count == 0 || n <= 0) return;
+  switch (dtype) {
+    case DType::kFloat32: SumTyped<float>(srcs, n, dst, count); break;
+    case DType::kFloat64: SumTyped<double>(srcs, n, dst, count); break;
+    case DType::kInt32: SumTyped<int32_t>(srcs, n, dst, count); break;
+    case DType::kInt64: SumTyped<int64_t>(srcs, n, dst, count); break;
+    case DType::kFloat16: SumHalf<false>(srcs, n, dst, count); break;
+    case DType::kBFloat16: SumHalf<true>(srcs, n, dst, count); break;
+  }
+}
+
+Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, size_t chunk_bytes,
+                                                               double timeout_s) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  std::unique_ptr<ShmCollectives> s(new ShmCollectives());
+  // Keyed by the rank in comm, so the node communicator numbers ranks as comm does whenever it
+  // holds all of them.
+  int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &s->local_);
+  if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Comm_split_type", rc);
+  int local_size = 0;
+  MPI_Comm_size(s->local_, &local_size);
+  // local_size == size holds on every rank or on none, so all ranks return the same way.
+  if (local_size != size) {
+    return UnavailableError("ShmCollectives: the communicator spans more than one node (",
+                            local_size, " of ", size, " ranks share this node)");
+  }
+  s->rank_ = rank;
+  s->size_ = size;
+  s->timeout_s_ = timeout_s;
+
+  // Agree on the chunk size and on its validity before anyone allocates.
+  long long mine[2] = {static_cast<long long>(chunk_bytes), -static_cast<long long>(chunk_bytes)};
+  long long agreed[2];
+  rc = MPI_Allreduce(mine, agreed, 2, MPI_LONG_LONG, MPI_MAX, s->local_);
+  if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Allreduce(chunk bytes)", rc);
+  if (agreed[0] != -agreed[1]) {
+    return MismatchError("ShmCollectives: POSEIDON_SHM_CHUNK_BYTES differs across ranks (",
+                         -agreed[1], " .. ", agreed[0], "); expected the same value on every rank");
+  }
+  PSD_REQUIRE_ARG(chunk_bytes >= kMinChunkBytes, "ShmCollectives: POSEIDON_SHM_CHUNK_BYTES is ",
+                  chunk_bytes, "; expected at least ", kMinChunkBytes);
+  s->chunk_bytes_ = chunk_bytes;
+  // Room for one 8-byte element per rank region (reduce-scatter), 64-byte aligned slots.
+  size_t slot = std::max(chunk_bytes, static_cast<size_t>(size) * 64);
+  s->slot_bytes_ = (slot + 63) / 64 * 64;
+  size_t segment = kControlBytes + kStages * s->slot_bytes_;
+
+  MPI_Info info;
+  MPI_Info_create(&info);
+  // Each segment may start on its own page: no false sharing between ranks' slots.
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  void* base = nullptr;
+  rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(segment), 1, info, s->local_, &base,
+                               &s->win_);
+  MPI_Info_free(&info);
+  int ok = (rc == MPI_SUCCESS) ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, s->local_);
+  if (!all_ok) {
+    if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Win_allocate_shared", rc);
+    return BackendError("ShmCollectives: MPI_Win_allocate_shared of ", segment,
+                        " bytes per rank failed on another rank");
+  }
+  MPI_Win_set_errhandler(s->win_, MPI_ERRORS_RETURN);
+  int* model = nullptr;
+  int flag = 0;
+  MPI_Win_get_attr(s->win_, MPI_WIN_MODEL, &model, &flag);
+  s->separate_model_ = flag && model && *model == MPI_WIN_SEPARATE;
+
+  s->bases_.resize(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    MPI_Aint bytes = 0;
+    int disp = 0;
+    void* ptr = nullptr;
+    rc = MPI_Win_shared_query(s->win_, r, &bytes, &disp, &ptr);
+    if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Win_shared_query", rc);
+    s->bases_[static_cast<size_t>(r)] = static_cast<unsigned char*>(ptr);
+  }
+  // A passive-target epoch for the window's lifetime makes direct loads / stores legal.
+  rc = MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win_);
+  if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Win_lock_all", rc);
+  s->locked_ = true;
+  __atomic_store_n(const_cast<uint64_t*>(s->Counter(rank)), 0, __ATOMIC_RELEASE);
+  MPI_Win_sync(s->win_);
+  // Everyone's counter is zero before anyone increments it.
+  rc = MPI_Barrier(s->local_);
+  if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Barrier", rc);
+  return s;
+}
+
+ShmCollectives::~ShmCollectives() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (locked_) MPI_Win_unlock_all(win_);
+  if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+  if (local_ != MPI_COMM_NULL) MPI_Comm_free(&local_);
+}
+
+unsigned char* ShmCollectives::Slot(int rank, uint64_t stage) const {
+  return bases_[static_cast<size_t>(rank)] + kControlBytes + (stage % kStages) * slot_bytes_;
+}
+
+volatile uint64_t* ShmCollectives::Counter(int rank) const {
+  return reinterpret_cast<volatile uint64_t*>(bases_[static_cast<size_t>(rank)]);
+}
+
+Status ShmCollectives::CheckUsable(const char* call) const {
+  if (!broken_) return Status::Ok();
+  return AbortedError(call, ": an earlier shared-memory collective on this communicator timed "
+                      "out, so the node peers are in an unknown state; recreate the communicator");
+}
+
+Status ShmCollectives::Sync(const char* call) {
+  const uint64_t target = ++arrivals_;
+  if (separate_model_) MPI_Win_sync(win_);
+  __atomic_store_n(const_cast<uint64_t*>(Counter(rank_)), target, __ATOMIC_RELEASE);
+  auto start = std::chrono::steady_clock::now();
+  uint64_t waits = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const uint64_t* c = const_cast<const uint64_t*>(Counter(r));
+    while (__atomic_load_n(c, __ATOMIC_ACQUIRE) < target) {
+      ++waits;
+      // Spin briefly (the peer is usually running), then give the core away: with more ranks
+      // than cores the peer we wait for may need this very core.
+      if (waits < 64) {
+        CpuRelax();
+      } else if (waits < 20000) {
+        sched_yield();
+      } else {
+        timespec ts{0, 20000};  // 20 us: a peer this slow is descheduled or busy elsewhere
+        nanosleep(&ts, nullptr);
+      }
+      if ((waits & 255) == 0 && timeout_s_ > 0 && Seconds(start) > timeout_s_) {
+        std::string missing;
+        for (int q = 0; q < size_; ++q) {
+          if (q == rank_) continue;
+          if (__atomic_load_n(const_cast<const uint64_t*>(Counter(q)), __ATOMIC_ACQUIRE) <
+              target) {
+            missing += StrCat(missing.empty() ? "" : ", ", q);
+          }
+        }
+        broken_ = true;
+        return TimeoutError(call, ": rank ", rank_, " waited ", timeout_s_,
+                            " s (POSEIDON_SHM_TIMEOUT_S) at shared-memory step ", target,
+                            " for node ranks ", missing,
+                            "; a peer stopped calling the collective, is stuck or died");
+      }
+    }
+  }
+  if (separate_model_) MPI_Win_sync(win_);
+  return Status::Ok();
+}
+
+Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DType dtype) {
+  const char* call = "AllReduce";
+  PSD_CHECK(CheckUsable(call));
+  if (count == 0) return Status::Ok();
+  const size_t es = DTypeSize(dtype);
+  const size_t per_chunk = slot_bytes_ / es;
+  const size_t chunks = (count + per_chunk - 1) / per_chunk;
+  const unsigned char* in = static_cast<const unsigned char*>(send);
+  unsigned char* out = static_cast<unsigned char*>(recv);
+  std::vector<const void*> srcs(static_cast<size_t>(size_));
+
+  auto chunk_len = [&](size_t k) { return std::min(per_chunk, count - k * per_chunk); };
+  // Step 1 / 2b: my input's chunk k into my slot, without my own shard.
+  auto copy_in = [&](size_t k, uint64_t stage) {
+    size_t len = chunk_len(k);
+    size_t off = ShardOffset(len, size_, rank_), mine = ShardCount(len, size_, rank_);
+    const unsigned char* src = in + k * per_chunk * es;
+    unsigned char* slot = Slot(rank_, stage);
+    std::memcpy(slot, src, off * es);
+    std::memcpy(slot + (off + mine) * es, src + (off + mine) * es, (len - off - mine) * es);
+  };
+
+  const uint64_t first = stage_;
+  copy_in(0, first);
+  PSD_CHECK(Sync(call));
+  for (size_t k = 0; k < chunks; ++k) {
+    const uint64_t stage = first + k;
+    const size_t len = chunk_len(k);
+    // 2a: reduce my shard of chunk k.
+    size_t off = ShardOffset(len, size_, rank_), mine = ShardCount(len, size_, rank_);
+    for (int r = 0; r < size_; ++r) {
+      srcs[static_cast<size_t>(r)] =
+          (r == rank_ ? in + k * per_chunk * es : Slot(r, stage)) + off * es;
+    }
+    ShmReduceSum(dtype, srcs.data(), size_, Slot(rank_, stage) + off * es, mine);
+    // 2b: the next chunk, while slower peers still reduce this one.
+    if (k + 1 < chunks) copy_in(k + 1, stage + 1);
+    PSD_CHECK(Sync(call));
+    // 2d: every reduced shard out of its reducer's slot.
+    unsigned char* dst = out + k * per_chunk * es;
+    for (int r = 0; r < size_; ++r) {
+      size_t o = ShardOffset(len, size_, r);
+      std::memcpy(dst + o * es, Slot(r, stage) + o * es, ShardCount(len, size_, r) * es);
+    }
+  }
+  stage_ = first + chunks;
+  return Status::Ok();
+}
+
+Status ShmCollectives::ReduceScatter(const void* send, void* recv,
+                                     const std::vector<size_t>& counts, DType dtype) {
+  const char* call = "ReduceScatter";
+  PSD_CHECK(CheckUsable(call));
+  PSD_REQUIRE(counts.size() == static_cast<size_t>(size_), StatusCode::kInternal, call,
+              ": counts has ", counts.size(), " entries for ", size_, " ranks");
+  const size_t es = DTypeSize(dtype);
+  const size_t piece = slot_bytes_ / es / static_cast<size_t>(size_);  // L, at least 8
+  const std::vector<size_t> off = PrefixOffsets(counts);
+  const size_t largest = *std::max_element(counts.begin(), counts.end());
+  if (largest == 0) return Status::Ok();
+  const size_t rounds = (largest + piece - 1) / piece;
+  const unsigned char* in = static_cast<const unsigned char*>(send);
+  unsigned char* out = static_cast<unsigned char*>(recv);
+  std::vector<const void*> srcs(static_cast<size_t>(size_));
+  auto piece_len = [&](int q, size_t k) {
+    size_t c = counts[static_cast<size_t>(q)], start = k * piece;
+    return start >= c ? 0 : std::min(piece, c - start);
+  };
+
+  for (size_t k = 0; k < rounds; ++k) {
+    const uint64_t stage = stage_ + k;
+    unsigned char* slot = Slot(rank_, stage);
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      std::memcpy(slot + static_cast<size_t>(q) * piece * es,
+                  in + (off[static_cast<size_t>(q)] + k * piece) * es, piece_len(q, k) * es);
+    }
+    PSD_CHECK(Sync(call));
+    size_t mine = piece_len(rank_, k);
+    for (int r = 0; r < size_; ++r) {
+      srcs[static_cast<size_t>(r)] =
+          r == rank_ ? in + (off[static_cast<size_t>(rank_)] + k * piece) * es
+                     : Slot(r, stage) + static_cast<size_t>(rank_) * piece * es;
+    }
+    ShmReduceSum(dtype, srcs.data(), size_, out + k * piece * es, mine);
+  }
+  stage_ += rounds;
+  return Status::Ok();
+}
+
+Status ShmCollectives::AllGather(const void* send, void* recv, size_t count, DType dtype) {
+  const char* call = "AllGather";
+  PSD_CHECK(CheckUsable(call));
+  if (count == 0) return Status::Ok();
+  const size_t es = DTypeSize(dtype);
+  const size_t per_round = slot_bytes_ / es;
+  const size_t rounds = (count + per_round - 1) / per_round;
+  const unsigned char* in = static_cast<const unsigned char*>(send);
+  unsigned char* out = static_cast<unsigned char*>(recv);
+  // My own part never goes through the window.
+  if (out + static_cast<size_t>(rank_) * count * es != in) {
+    std::memmove(out + static_cast<size_t>(rank_) * count * es, in, count * es);
+  }
+  for (size_t k = 0; k < rounds; ++k) {
+    const uint64_t stage = stage_ + k;
+    const size_t start = k * per_round, len = std::min(per_round, count - start);
+    std::memcpy(Slot(rank_, stage), in + start * es, len * es);
+    PSD_CHECK(Sync(call));
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      std::memcpy(out + (static_cast<size_t>(r) * count + start) * es, Slot(r, stage), len * es);
+    }
+  }
+  stage_ += rounds;
+  return Status::Ok();
+}
+
+}  // namespace poseidon

@@ -1,0 +1,92 @@
+// Shared-memory collectives for ranks that all live on one node: allreduce, reduce-scatter
+// (uneven shards) and allgather over one MPI-3 shared window (MPI_Win_allocate_shared).
+//
+// Open MPI's host collectives move every byte through its own copies and rounds; here every
+// rank can load and store its peers' memory directly, so a large sum costs about one copy in,
+// one pass that reads every input once, and one copy out.
+//
+// Window layout: every rank owns one segment = [a 128-byte control line][3 stage slots of
+// slot_bytes]. The control line holds the rank's arrival counter (see Sync below). A "stage"
+// is one buffer of the pipeline; rounds rotate through the 3 stages so that a rank may fill
+// the next stage while slower peers still read the previous one.
+//
+// Synchronization: each Sync() bumps this rank's counter (store-release) and waits until every
+// peer's counter has reached the same value (load-acquire). Waiting spins a little, then calls
+// sched_yield, then sleeps briefly, so 8 ranks on 2 cores still make progress; a wait longer
+// than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window unusable.
+//
+// Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
+// (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
+// every rank and do not depend on the chunk size.
+//
+// Threading: one call at a time per object (the backend's owner serializes calls).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace poseidon {
+
+class ShmCollectives {
+ public:
+  // Collective over comm (every rank must call it). Returns kUnavailable on every rank when
+  // comm spans more than one node (the caller then uses plain MPI), kInvalidArgument when
+  // chunk_bytes < 4096, kMismatch when ranks pass different chunk sizes, kBackendError when
+  // MPI cannot allocate the window. timeout_s <= 0 waits forever.
+  static Result<std::unique_ptr<ShmCollectives>> Create(MPI_Comm comm, size_t chunk_bytes,
+                                                        double timeout_s);
+  // Frees the window and the node communicator; collective (every rank destroys its object at
+  // the same point, as the backend destructor does). Does nothing after MPI_Finalize.
+  ~ShmCollectives();
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
+
+  // Same contracts as Backend::AllReduce / ReduceScatter / AllGather on host memory; the
+  // arguments must already be validated and agreed across ranks (the backend does that).
+  // AllReduce may run in place (send == recv).
+  Status AllReduce(const void* send, void* recv, size_t count, DType dtype);
+  Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
+                       DType dtype);
+  Status AllGather(const void* send, void* recv, size_t count, DType dtype);
+
+  size_t chunk_bytes() const { return chunk_bytes_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  ShmCollectives() = default;
+
+  unsigned char* Slot(int rank, uint64_t stage) const;
+  volatile uint64_t* Counter(int rank) const;
+  // Waits until every rank has reached this rank's next arrival; call names the collective.
+  Status Sync(const char* call);
+  Status CheckUsable(const char* call) const;
+
+  MPI_Comm local_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  bool locked_ = false;
+  bool separate_model_ = false;  // MPI_WIN_SEPARATE: MPI_Win_sync needed around each Sync
+  int rank_ = 0;
+  int size_ = 1;
+  size_t chunk_bytes_ = 0;
+  size_t slot_bytes_ = 0;
+  double timeout_s_ = 0;
+  std::vector<unsigned char*> bases_;  // every rank's segment, mapped here
+  uint64_t arrivals_ = 0;              // Sync() calls made so far (same on every rank)
+  uint64_t stage_ = 0;                 // pipeline rounds run so far (same on every rank)
+  bool broken_ = false;                // a Sync timed out: peers are in an unknown state
+};
+
+// dst[i] = srcs[0][i] + srcs[1][i] + ... + srcs[n-1][i], summed in that order; float16 /
+// bfloat16 accumulate in float32 and round once. dst may equal one of srcs (same index only).
+// The vectorizable loop the shared-memory collectives reduce with; exposed for tests.
+void ShmReduceSum(DType dtype, const void* const* srcs, int n, void* dst, size_t count);
+
+}  // namespace poseidon

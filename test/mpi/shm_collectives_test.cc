@@ -1,0 +1,393 @@
+// Multi-rank tests of the shared-memory collectives (runtime/shm_collectives.h), both called
+// directly and through MpiBackend with POSEIDON_SHM_THRESHOLD_BYTES forced low.
+//
+// Exact values two ways:
+//  - formula: rank r contributes (r + 1) * F(i) with small integers F(i), so every sum is exact
+//    in every dtype (at most 36 * 7 = 252 at P = 8) and results compare with ==;
+//  - rank order: rank r contributes an arbitrary (non-integer) value X(r, i) that any rank can
+//    recompute, and the expected result is X(0, i) + X(1, i) + ... in that order (in float32
+//    for the half types, rounded once), which is the summation order the algorithm promises.
+// Every result is also compared byte for byte with rank 0's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/half.h"
+#include "runtime/mpi_backend.h"
+#include "runtime/settings.h"
+#include "runtime/shard.h"
+#include "runtime/shm_collectives.h"
+#include "test/mpi_test_main.h"
+
+namespace poseidon {
+namespace {
+
+using testing::World;
+
+double F(size_t i) { return static_cast<double>(i % 7 + 1); }
+
+// A value with many significant bits, different per rank and index.
+double X(int r, size_t i) {
+  uint64_t h = (static_cast<uint64_t>(r) + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xBF58476D1CE4E5B9ull);
+  h ^= h >> 31;
+  return static_cast<double>(h % 2000001) / 1000.0 - 1000.0;  // in [-1000, 1000]
+}
+
+struct Buf {
+  DType dtype;
+  std::vector<unsigned char> bytes;
+  Buf(DType d, size_t n) : dtype(d), bytes(n * DTypeSize(d) + 8, 0xA5) {}
+  void* data() { return bytes.data(); }
+  size_t used(size_t n) const { return n * DTypeSize(dtype); }
+  void Set(size_t i, double v) {
+    unsigned char* p = bytes.data() + i * DTypeSize(dtype);
+    switch (dtype) {
+      case DType::kFloat32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+      case DType::kFloat64: std::memcpy(p, &v, 8); break;
+      case DType::kFloat16: { uint16_t x = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+      case DType::kBFloat16: { uint16_t x = FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+      case DType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+      case DType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+    }
+  }
+  double Get(size_t i) const {
+    const unsigned char* p = bytes.data() + i * DTypeSize(dtype);
+    switch (dtype) {
+      case DType::kFloat32: { float x; std::memcpy(&x, p, 4); return x; }
+      case DType::kFloat64: { double x; std::memcpy(&x, p, 8); return x; }
+      case DType::kFloat16: { uint16_t x; std::memcpy(&x, p, 2); return HalfToFloat(x); }
+      case DType::kBFloat16: { uint16_t x; std::memcpy(&x, p, 2); return BFloat16ToFloat(x); }
+      case DType::kInt32: { int32_t x; std::memcpy(&x, p, 4); return x; }
+      case DType::kInt64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
+    }
+    return 0;
+  }
+};
+
+// The value rank r stores for X(r, i) in this dtype, read back (what the reduction sees).
+double Stored(DType dt, int r, size_t i) {
+  double v = X(r, i);
+  switch (dt) {
+    case DType::kFloat32: return static_cast<float>(v);
+    case DType::kFloat64: return v;
+    case DType::kFloat16: return HalfToFloat(FloatToHalf(static_cast<float>(v)));
+    case DType::kBFloat16: return BFloat16ToFloat(FloatToBFloat16(static_cast<float>(v)));
+    case DType::kInt32:
+    case DType::kInt64: return static_cast<double>(static_cast<int64_t>(v * 1000));
+  }
+  return 0;
+}
+
+// Sum of X(0..P-1, i) in rank order, in the dtype's accumulator, stored back in the dtype.
+void RankOrderSum(DType dt, int world, size_t i, Buf* out, size_t at) {
+  switch (dt) {
+    case DType::kFloat64: {
+      double acc = 0;
+      for (int r = 0; r < world; ++r) acc = r == 0 ? Stored(dt, r, i) : acc + Stored(dt, r, i);
+      out->Set(at, acc);
+      return;
+    }
+    case DType::kInt32:
+    case DType::kInt64: {
+      long long acc = 0;
+      for (int r = 0; r < world; ++r) acc += static_cast<long long>(Stored(dt, r, i));
+      out->Set(at, static_cast<double>(acc));
+      return;
+    }
+    default: {  // float32, and the half types accumulated in float32 then rounded once
+      float acc = 0;
+      for (int r = 0; r < world; ++r) {
+        float v = static_cast<float>(Stored(dt, r, i));
+        acc = r == 0 ? v : acc + v;
+      }
+      out->Set(at, acc);  // Set rounds float32 -> the dtype once (exact for float32)
+      return;
+    }
+  }
+}
+
+void FillX(Buf* b, int rank, size_t n) {
+  bool integer = b->dtype == DType::kInt32 || b->dtype == DType::kInt64;
+  for (size_t i = 0; i < n; ++i) b->Set(i, integer ? X(rank, i) * 1000 : X(rank, i));
+}
+
+// True when `bytes` (n bytes) equal rank 0's on every rank.
+bool SameOnEveryRank(const void* bytes, size_t n) {
+  std::vector<unsigned char> root(static_cast<const unsigned char*>(bytes),
+                                  static_cast<const unsigned char*>(bytes) + n);
+  MPI_Bcast(root.data(), static_cast<int>(n), MPI_BYTE, 0, World()->mpi_comm());
+  int same = n == 0 || std::memcmp(root.data(), bytes, n) == 0 ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, World()->mpi_comm());
+  return all == 1;
+}
+
+const DType kAllTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                           DType::kBFloat16, DType::kInt32,   DType::kInt64};
+
+struct Case {
+  DType dtype;
+  size_t chunk_bytes;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return DTypeName(info.param.dtype) + "_chunk" + std::to_string(info.param.chunk_bytes);
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (DType d : kAllTypes) {
+    for (size_t c : {size_t{4096}, size_t{1} << 20}) cases.push_back({d, c});
+  }
+  return cases;
+}
+
+// Element counts: empty, one, odd, a few chunks at 4 KiB, a few MiB (many chunks at 4 KiB).
+std::vector<size_t> Counts(const Case& c) {
+  std::vector<size_t> n = {0, 1, 7, 1001, 5 * 4096 + 3};
+  // A few MiB; keep the tiny-chunk runs short (one Sync per 4 KiB).
+  n.push_back(c.chunk_bytes >= (size_t{1} << 20) ? (size_t{3} << 20) / DTypeSize(c.dtype) + 5
+                                                 : (size_t{1} << 18) + 1);
+  return n;
+}
+
+class ShmDirect : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    auto s = ShmCollectives::Create(World()->mpi_comm(), GetParam().chunk_bytes, 60.0);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    shm_ = std::move(s).value();
+  }
+  void TearDown() override { shm_.reset(); }
+  int rank() { return World()->rank(); }
+  int size() { return World()->size(); }
+  double Tri() { return size() * (size() + 1) / 2.0; }
+  std::unique_ptr<ShmCollectives> shm_;
+};
+
+TEST_P(ShmDirect, AllReduceFormulaOutOfPlaceAndInPlace) {
+  DType dt = GetParam().dtype;
+  for (size_t n : Counts(GetParam())) {
+    Buf send(dt, n), recv(dt, n);
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(shm_->AllReduce(send.data(), recv.data(), n, dt).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv.Get(i), Tri() * F(i)) << "n=" << n << " i=" << i;
+    // The guard bytes past the end are untouched.
+    for (size_t b = recv.used(n); b < recv.bytes.size(); ++b) ASSERT_EQ(recv.bytes[b], 0xA5);
+    ASSERT_TRUE(shm_->AllReduce(send.data(), send.data(), n, dt).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(send.Get(i), Tri() * F(i)) << "in place i=" << i;
+  }
+}
+
+TEST_P(ShmDirect, AllReduceRankOrderBitwise) {
+  DType dt = GetParam().dtype;
+  for (size_t n : Counts(GetParam())) {
+    n = std::min(n, size_t{1} << 18);  // the reference sum is computed on every rank
+    Buf send(dt, n), recv(dt, n), want(dt, n);
+    FillX(&send, rank(), n);
+    for (size_t i = 0; i < n; ++i) RankOrderSum(dt, size(), i, &want, i);
+    ASSERT_TRUE(shm_->AllReduce(send.data(), recv.data(), n, dt).ok());
+    ASSERT_EQ(std::memcmp(recv.data(), want.data(), recv.used(n)), 0) << "n=" << n;
+    ASSERT_TRUE(SameOnEveryRank(recv.data(), recv.used(n))) << "n=" << n;
+  }
+}
+
+// Layouts with zeros, one rank holding everything, and a ragged spread.
+std::vector<std::vector<size_t>> Layouts(int world, size_t n) {
+  std::vector<std::vector<size_t>> out;
+  out.push_back(ShardCounts(n, world));
+  std::vector<size_t> one(static_cast<size_t>(world), 0);
+  one[static_cast<size_t>(world - 1)] = n;
+  out.push_back(one);
+  std::vector<size_t> ragged(static_cast<size_t>(world));
+  for (int q = 0; q < world; ++q) ragged[static_cast<size_t>(q)] = (q % 3 == 1) ? 0 : n / (q + 1) + q;
+  out.push_back(ragged);
+  return out;
+}
+
+TEST_P(ShmDirect, ReduceScatterUnevenShards) {
+  DType dt = GetParam().dtype;
+  for (size_t n : Counts(GetParam())) {
+    n = std::min(n, size_t{1} << 18);  // three layouts, each checked two ways
+    for (const auto& counts : Layouts(size(), n)) {
+      std::vector<size_t> off = PrefixOffsets(counts);
+      size_t total = off.back(), mine = counts[static_cast<size_t>(rank())];
+      size_t my_off = off[static_cast<size_t>(rank())];
+      Buf send(dt, total), recv(dt, mine), want(dt, mine);
+      for (size_t i = 0; i < total; ++i) send.Set(i, (rank() + 1) * F(i));
+      ASSERT_TRUE(shm_->ReduceScatter(send.data(), recv.data(), counts, dt).ok());
+      for (size_t i = 0; i < mine; ++i) {
+        ASSERT_EQ(recv.Get(i), Tri() * F(my_off + i)) << "n=" << n << " i=" << i;
+      }
+      for (size_t b = recv.used(mine); b < recv.bytes.size(); ++b) ASSERT_EQ(recv.bytes[b], 0xA5);
+      FillX(&send, rank(), total);
+      for (size_t i = 0; i < mine; ++i) RankOrderSum(dt, size(), my_off + i, &want, i);
+      ASSERT_TRUE(shm_->ReduceScatter(send.data(), recv.data(), counts, dt).ok());
+      ASSERT_EQ(std::memcmp(recv.data(), want.data(), recv.used(mine)), 0) << "n=" << n;
+    }
+  }
+}
+
+TEST_P(ShmDirect, AllGather) {
+  DType dt = GetParam().dtype;
+  for (size_t n : Counts(GetParam())) {
+    size_t p = static_cast<size_t>(size());
+    Buf send(dt, n), recv(dt, n * p);
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(shm_->AllGather(send.data(), recv.data(), n, dt).ok());
+    for (size_t r = 0; r < p; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(recv.Get(r * n + i), (r + 1) * F(i)) << "n=" << n << " r=" << r << " i=" << i;
+      }
+    }
+    for (size_t b = recv.used(n * p); b < recv.bytes.size(); ++b) ASSERT_EQ(recv.bytes[b], 0xA5);
+    ASSERT_TRUE(SameOnEveryRank(recv.data(), recv.used(n * p)));
+  }
+}
+
+// Calls of every kind and size back to back: the pipeline stages rotate across calls.
+TEST_P(ShmDirect, MixedSequenceKeepsStagesApart) {
+  DType dt = GetParam().dtype;
+  size_t p = static_cast<size_t>(size());
+  for (int round = 0; round < 3; ++round) {
+    for (size_t n : {size_t{3}, size_t{2049}, size_t{9000}, size_t{1}}) {
+      Buf a(dt, n), ar(dt, n), g(dt, n * p);
+      for (size_t i = 0; i < n; ++i) a.Set(i, (rank() + 1) * F(i + round));
+      ASSERT_TRUE(shm_->AllReduce(a.data(), ar.data(), n, dt).ok());
+      ASSERT_TRUE(shm_->AllGather(a.data(), g.data(), n, dt).ok());
+      std::vector<size_t> counts = ShardCounts(n * p, size());
+      Buf rs(dt, counts[static_cast<size_t>(rank())]);
+      ASSERT_TRUE(shm_->ReduceScatter(g.data(), rs.data(), counts, dt).ok());
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(ar.Get(i), Tri() * F(i + round));
+      for (size_t i = 0; i < n * p; ++i) ASSERT_EQ(g.Get(i), (i / n + 1) * F(i % n + round));
+      // Every rank gathered the same g, so the scatter is P times my slice of g.
+      size_t off = ShardOffset(n * p, size(), rank());
+      for (size_t i = 0; i < counts[static_cast<size_t>(rank())]; ++i) {
+        size_t j = off + i;
+        ASSERT_EQ(rs.Get(i), static_cast<double>(p) * (j / n + 1) * F(j % n + round));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, ShmDirect, ::testing::ValuesIn(AllCases()), CaseName);
+
+// Through the backend with the shared-memory path forced on: what every strategy will call.
+class ShmBackend : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", "1").ok());
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", "8192").ok());
+  }
+  void TearDown() override { Settings::Global().Reset(); }
+  Backend& be() { return World()->host_backend(); }
+  int rank() { return World()->rank(); }
+  int size() { return World()->size(); }
+};
+
+TEST_P(ShmBackend, AllReduceReduceScatterAllGatherExact) {
+  DType dt = GetParam();
+  double tri = size() * (size() + 1) / 2.0;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{3 * 8192 + 1}, size_t{100003}}) {
+    Buf send(dt, n), recv(dt, n);
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(be().AllReduce(send.data(), recv.data(), n, dt).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv.Get(i), tri * F(i)) << "n=" << n << " i=" << i;
+    ASSERT_TRUE(SameOnEveryRank(recv.data(), recv.used(n)));
+
+    for (const auto& counts : Layouts(size(), n)) {
+      std::vector<size_t> off = PrefixOffsets(counts);
+      size_t mine = counts[static_cast<size_t>(rank())];
+      Buf all(dt, off.back()), part(dt, mine);
+      for (size_t i = 0; i < off.back(); ++i) all.Set(i, (rank() + 1) * F(i));
+      ASSERT_TRUE(be().ReduceScatter(all.data(), mine ? part.data() : nullptr, counts, dt).ok());
+      for (size_t i = 0; i < mine; ++i) {
+        ASSERT_EQ(part.Get(i), tri * F(off[static_cast<size_t>(rank())] + i));
+      }
+    }
+
+    Buf gathered(dt, n * static_cast<size_t>(size()));
+    ASSERT_TRUE(be().AllGather(send.data(), gathered.data(), n, dt).ok());
+    for (size_t i = 0; i < n * static_cast<size_t>(size()); ++i) {
+      ASSERT_EQ(gathered.Get(i), (i / n + 1) * F(i % n));
+    }
+  }
+}
+
+// The chunk setting may change between calls: the window is rebuilt, results stay exact.
+TEST_P(ShmBackend, ChunkChangeRebuildsWindow) {
+  DType dt = GetParam();
+  double tri = size() * (size() + 1) / 2.0;
+  const size_t n = 20001;
+  for (const char* chunk : {"4096", "65536", "4096"}) {
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", chunk).ok());
+    Buf send(dt, n), recv(dt, n);
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(be().AllReduce(send.data(), recv.data(), n, dt).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv.Get(i), tri * F(i)) << "chunk=" << chunk;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, ShmBackend, ::testing::ValuesIn(kAllTypes),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return DTypeName(info.param);
+                         });
+
+TEST(ShmErrors, ChunkTooSmallFailsOnEveryRank) {
+  auto s = ShmCollectives::Create(World()->mpi_comm(), 100, 10.0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("POSEIDON_SHM_CHUNK_BYTES is 100"), std::string::npos)
+      << s.status().message();
+}
+
+TEST(ShmErrors, ChunkMismatchFailsOnEveryRank) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto s = ShmCollectives::Create(World()->mpi_comm(), World()->rank() == 0 ? 8192 : 4096, 10.0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kMismatch);
+  EXPECT_NE(s.status().message().find("4096 .. 8192"), std::string::npos) << s.status().message();
+}
+
+TEST(ShmErrors, BadChunkSettingIsReportedByTheBackend) {
+  ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", "1").ok());
+  ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", "64").ok());
+  std::vector<float> x(16, 1.0f);
+  Status st = World()->host_backend().AllReduce(x.data(), x.data(), x.size(), DType::kFloat32);
+  Settings::Global().Reset();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  // The backend still works afterwards.
+  std::vector<float> y(16, 1.0f);
+  ASSERT_TRUE(World()->host_backend().AllReduce(y.data(), y.data(), y.size(), DType::kFloat32).ok());
+  EXPECT_EQ(y[3], static_cast<float>(World()->size()));
+}
+
+TEST(ShmReduceSum, SumsInRankOrderAndAllowsAliasing) {
+  const size_t n = 2500;  // crosses the 1024-element block boundary
+  std::vector<float> a(n), b(n), c(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = 1e8f;
+    b[i] = -1e8f;
+    c[i] = 0.5f + static_cast<float>(i);
+  }
+  const void* srcs[3] = {a.data(), b.data(), c.data()};
+  ShmReduceSum(DType::kFloat32, srcs, 3, a.data(), n);  // (a + b) + c, written over a
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(a[i], 0.5f + static_cast<float>(i)) << i;
+
+  // Halves: 3 x 0.1 rounded once from float32, not after every addition.
+  uint16_t h = FloatToHalf(0.1f);
+  std::vector<uint16_t> x(n, h), out(n);
+  const void* hs[3] = {x.data(), x.data(), x.data()};
+  ShmReduceSum(DType::kFloat16, hs, 3, out.data(), n);
+  float f = HalfToFloat(h);
+  EXPECT_EQ(out[n - 1], FloatToHalf(f + f + f));
+  std::vector<int64_t> big(n, int64_t{1} << 40), sum(n);
+  const void* is[2] = {big.data(), big.data()};
+  ShmReduceSum(DType::kInt64, is, 2, sum.data(), n);
+  EXPECT_EQ(sum[7], int64_t{1} << 41);
+}
+
+}  // namespace
+}  // namespace poseidon
