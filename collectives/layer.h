@@ -81,6 +81,7 @@ struct TopkOptions {
   std::optional<long long> warmup_steps;  // dense exchanges before compression starts
   std::optional<double> momentum;         // DGC momentum correction factor, in [0, 1)
   std::optional<long long> min_elements;  // smaller layers fall back to dense allreduce
+  std::optional<size_t> k;                // exact entries per step; overrides density
 };
 
 struct LayerSpec {

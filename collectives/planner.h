@@ -26,7 +26,9 @@ namespace poseidon {
 
 struct CandidateCost {
   StrategyKind strategy = StrategyKind::kAllReduce;
-  bool applies = false;  // false: not applicable (printed "-"), time and bytes meaningless
+  bool applies = false;    // false: not applicable or not considered (printed "-")
+  bool candidate = false;  // may be chosen; allreduce is always costed as the baseline and
+                           // printed in parentheses when it is not a candidate
   double time_s = 0;
   double bytes_sent = 0;
 };
@@ -37,8 +39,9 @@ struct PlanEntry {
   LayerKind kind = LayerKind::kDense;
   std::vector<CandidateCost> candidates;  // one per strategy, in kAllStrategies order
   StrategyKind choice = StrategyKind::kAllReduce;
-  // "auto" (cheapest), "layer" (per-layer force), "global" (POSEIDON_STRATEGY), or
-  // "auto(global-na)" (a global force that does not apply to this layer).
+  // "auto" (cheapest candidate), "layer" (per-layer force), "global" (POSEIDON_STRATEGY),
+  // "global-na" (the global force does not apply here: cheapest candidate instead) or
+  // "fallback" (no candidate applies: allreduce).
   std::string reason = "auto";
 
   const CandidateCost& cost(StrategyKind s) const { return candidates[static_cast<int>(s)]; }

@@ -21,20 +21,25 @@
 namespace poseidon {
 
 // The buffers of one layer for one step (host or device memory, as the collective's kind).
-//  grad    n floats. Input: this rank's gradient (for fully connected layers it may be left
-//          unset when u and v are given: it is then formed from them when the strategy needs
-//          it). Output without an optimizer: the gradient averaged over ranks. With an
-//          optimizer: scratch.
-//  params  n floats, required with an optimizer: updated in place, identical on every rank.
-//  u, v    fully connected layers: this rank's sufficient factors, batch x M and batch x N,
-//          row-major; required for sfb (unless batch == 0).
-//  batch   K, this rank's number of factor rows; may differ between ranks (a short last batch).
+//  grad      n floats. Input: this rank's gradient, except for a fully connected layer given
+//            as factors (u and v non-null): its gradient is then U^T V, formed here when the
+//            strategy needs it dense, and grad is only an output. Output without an optimizer:
+//            the gradient averaged over ranks. With an optimizer: scratch.
+//  params    n floats, required with an optimizer: updated in place, identical on every rank.
+//  u, v      fully connected layers: this rank's sufficient factors, batch x M and batch x N,
+//            row-major; required for sfb (unless batch == 0).
+//  batch     K, this rank's number of factor rows.
+//  max_batch sfb: the row count every rank sends (the planned K; HybridCollective sets it). A
+//            rank with a shorter batch pads with zero rows, which add exact zeros to U^T V, so
+//            K may differ per rank (a short last batch) with one allgather and no extra round
+//            trip. 0 means batch, which must then be the same on every rank (checked).
 struct ExchangeBuffers {
   float* grad = nullptr;
   float* params = nullptr;
   const float* u = nullptr;
   const float* v = nullptr;
   size_t batch = 0;
+  size_t max_batch = 0;
 };
 
 // Everything a strategy runs on.
@@ -94,25 +99,6 @@ class TopkLayerState : public LayerState {
   virtual size_t k() const = 0;
 };
 
-// Helpers the strategies share (collectives/common.cc).
-namespace strategy_internal {
-// Wire bytes and time of a dense allreduce of n floats, plus an optimizer step over n floats
-// when the layer has one.
-CostEstimate DenseAllReduceCost(const LayerSpec& layer, int world, const CostModel& model);
-// grad <- sum over ranks, then either the optimizer step on params (fused with the 1/P scale)
-// or grad *= 1/P. Used by allreduce and by topk's dense fall-back.
-Status DenseAllReduce(const LayerSpec& layer, LayerState* opt_state, const ExchangeBuffers& buf,
-                      const StrategyContext& ctx, ExchangeReport* report);
-// Checks the buffers a strategy needs, naming the call, the layer and the missing pointer.
-Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf,
-                    bool needs_grad_input);
-// For a fully connected layer given as factors only: grad = U^T V (this rank's gradient).
-Status FormGradientFromFactors(const LayerSpec& layer, const ExchangeBuffers& buf,
-                               const StrategyContext& ctx);
-// dst[i] *= scale for n floats (host memory only: the Kernels contract has no scale kernel).
-Status Scale(float* data, size_t n, float scale, const StrategyContext& ctx);
-}  // namespace strategy_internal
-
 // Optimizer state for a span of parameters (the full tensor, or a ps shard). Adam counts its
 // own steps so bias correction never depends on the caller's step numbering.
 class OptimizerState {
@@ -130,5 +116,41 @@ class OptimizerState {
   std::vector<float> first_, second_;
   int64_t steps_ = 0;
 };
+
+// Helpers the strategies share (collectives/common.cc).
+namespace strategy_internal {
+// Wire bytes and time of a dense allreduce of n floats, plus an optimizer step over n floats
+// when the layer has one.
+CostEstimate DenseAllReduceCost(const LayerSpec& layer, int world, const CostModel& model);
+// grad <- sum over ranks, then either the optimizer step on params (fused with the 1/P scale)
+// or grad *= 1/P. Used by allreduce and by topk's dense fall-back.
+Status DenseAllReduce(const LayerSpec& layer, OptimizerState* opt, const ExchangeBuffers& buf,
+                      const StrategyContext& ctx, ExchangeReport* report);
+// Local GEMM time of forming an FC layer's dense gradient from its factors (0 otherwise): the
+// price every strategy but sfb pays when the trainer hands over factors.
+double FormGradientTime(const LayerSpec& layer, size_t batch, const CostModel& model);
+// The four strategies (defined in their own files).
+const Strategy& AllReduceStrategy();
+const Strategy& PsStrategy();
+const Strategy& SfbStrategy();
+const Strategy& TopkStrategy();
+// k = ceil(density * n) (or the layer's explicit k), at least 1 for n > 0.
+size_t TopkCount(const LayerSpec& layer);
+// Checks the buffers a strategy needs, naming the call, the layer and the missing pointer.
+Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf,
+                    bool needs_grad_input);
+// Returns `local` (an argument error found on this rank alone) after making the peers' next
+// collective fail too: a deliberately invalid backend call makes the backend's cross-rank
+// argument agreement (POSEIDON_CHECK_ARGS, on by default) fail on every rank instead of
+// leaving the others waiting for this rank.
+Status FailTogether(const StrategyContext& ctx, const Status& local);
+// For a fully connected layer given as factors only: grad = U^T V (this rank's gradient).
+Status FormGradientFromFactors(const LayerSpec& layer, const ExchangeBuffers& buf,
+                               const StrategyContext& ctx);
+// data[i] *= scale / data[i] = 0 for n floats (host memory only: the Kernels contract has no
+// scale or fill kernel yet).
+Status Scale(float* data, size_t n, float scale, const StrategyContext& ctx);
+Status Zero(float* data, size_t n, const StrategyContext& ctx);
+}  // namespace strategy_internal
 
 }  // namespace poseidon

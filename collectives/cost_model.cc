@@ -1,0 +1,406 @@
+// The cost model's arithmetic, its text form, the start-up probe and its cache.
+//
+// Probe, step by step (every rank runs it; rank 0's numbers win):
+//   1. For each collective (allreduce, reduce-scatter, allgather) and each of two payloads
+//      (small, large): one warm-up call, then `repetitions` timed calls, each after a barrier;
+//      keep the median.
+//   2. Fit time = steps * alpha + wire * beta through the two points (beta from the slope,
+//      alpha from the small point), clamped at 0.
+//   3. Time the kernels on typical sizes (GEMM, fused residual top-k, scatter-add, SGD step),
+//      median of 3, into rates.
+//   4. Broadcast rank 0's figures so every rank plans from identical numbers.
+#include "collectives/cost_model.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "runtime/log.h"
+#include "runtime/settings.h"
+#include "runtime/shard.h"
+
+namespace poseidon {
+
+const char* CollectiveKindName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "allreduce";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllGather: return "allgather";
+  }
+  return "invalid";
+}
+
+double CostModel::Steps(CollectiveKind kind, int world) {
+  if (world <= 1) return 0;
+  double p1 = world - 1;
+  return kind == CollectiveKind::kAllReduce ? 2 * p1 : p1;
+}
+
+double CostModel::WireBytes(CollectiveKind kind, int world, double payload_bytes) {
+  if (world <= 1) return 0;
+  double frac = static_cast<double>(world - 1) / world;
+  return (kind == CollectiveKind::kAllReduce ? 2 * frac : frac) * payload_bytes;
+}
+
+double CostModel::CollectiveTime(CollectiveKind kind, int world, double payload_bytes) const {
+  const LinkCost& l = link[static_cast<int>(kind)];
+  return Steps(kind, world) * l.alpha_s + WireBytes(kind, world, payload_bytes) * l.beta_s_per_b;
+}
+
+CostModel CostModel::Network(double latency_s, double bandwidth_bytes_per_s) {
+  CostModel m;
+  for (LinkCost& l : m.link) {
+    l.alpha_s = latency_s;
+    l.beta_s_per_b = 1.0 / bandwidth_bytes_per_s;
+  }
+  m.source = "network";
+  return m;
+}
+
+CostModel CostModel::BytesOnly(double bandwidth_bytes_per_s) {
+  CostModel m = Network(0.0, bandwidth_bytes_per_s);
+  // Free compute: rates so high that any kernel time is far below a byte's time.
+  m.gemm_flops = m.topk_bytes_per_s = m.scatter_bytes_per_s = m.optimizer_bytes_per_s =
+      std::numeric_limits<double>::infinity();
+  m.source = "bytes-only";
+  return m;
+}
+
+Status CostModel::Validate() const {
+  for (int i = 0; i < kNumCollectiveKinds; ++i) {
+    const char* name = CollectiveKindName(static_cast<CollectiveKind>(i));
+    PSD_REQUIRE_ARG(std::isfinite(link[i].alpha_s) && link[i].alpha_s >= 0, "CostModel: ", name,
+                    " alpha ", link[i].alpha_s, " s is invalid; expected a finite value >= 0");
+    PSD_REQUIRE_ARG(std::isfinite(link[i].beta_s_per_b) && link[i].beta_s_per_b >= 0,
+                    "CostModel: ", name, " beta ", link[i].beta_s_per_b,
+                    " s/B is invalid; expected a finite value >= 0");
+  }
+  const std::pair<const char*, double> rates[] = {{"gemm_flops", gemm_flops},
+                                                  {"topk_bytes_per_s", topk_bytes_per_s},
+                                                  {"scatter_bytes_per_s", scatter_bytes_per_s},
+                                                  {"optimizer_bytes_per_s", optimizer_bytes_per_s}};
+  for (const auto& r : rates) {
+    // +inf is allowed: "free" compute in the bytes-only model.
+    PSD_REQUIRE_ARG(!std::isnan(r.second) && r.second > 0, "CostModel: ", r.first, " ", r.second,
+                    " is invalid; expected a rate > 0");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+constexpr const char* kHeader = "poseidon-cost-model 1";
+
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+// The figures as a flat array, in a fixed order (broadcast and text form share it).
+constexpr int kNumFigures = 2 * kNumCollectiveKinds + 4;
+std::vector<std::string> FigureNames() {
+  std::vector<std::string> names;
+  for (int i = 0; i < kNumCollectiveKinds; ++i) {
+    std::string c = CollectiveKindName(static_cast<CollectiveKind>(i));
+    names.push_back(c + ".alpha_s");
+    names.push_back(c + ".beta_s_per_b");
+  }
+  names.insert(names.end(),
+               {"gemm_flops", "topk_bytes_per_s", "scatter_bytes_per_s", "optimizer_bytes_per_s"});
+  return names;
+}
+std::vector<double> ToFigures(const CostModel& m) {
+  std::vector<double> f;
+  for (const LinkCost& l : m.link) {
+    f.push_back(l.alpha_s);
+    f.push_back(l.beta_s_per_b);
+  }
+  f.insert(f.end(),
+           {m.gemm_flops, m.topk_bytes_per_s, m.scatter_bytes_per_s, m.optimizer_bytes_per_s});
+  return f;
+}
+CostModel FromFigures(const std::vector<double>& f) {
+  CostModel m;
+  for (int i = 0; i < kNumCollectiveKinds; ++i) {
+    m.link[i].alpha_s = f[2 * i];
+    m.link[i].beta_s_per_b = f[2 * i + 1];
+  }
+  m.gemm_flops = f[6];
+  m.topk_bytes_per_s = f[7];
+  m.scatter_bytes_per_s = f[8];
+  m.optimizer_bytes_per_s = f[9];
+  return m;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::string CostModel::ToText(const std::string& host_key) const {
+  std::ostringstream os;
+  os << kHeader << "\n";
+  os << "host_key " << host_key << "\n";
+  std::vector<std::string> names = FigureNames();
+  std::vector<double> f = ToFigures(*this);
+  for (int i = 0; i < kNumFigures; ++i) os << names[i] << " " << Num(f[i]) << "\n";
+  return os.str();
+}
+
+Result<CostModel> CostModel::Parse(const std::string& text, std::string* host_key) {
+  std::istringstream is(text);
+  std::string line;
+  int line_no = 0;
+  PSD_REQUIRE_ARG(std::getline(is, line) && line == kHeader,
+                  "CostModel::Parse: line 1 is '", line, "'; expected '", kHeader, "'");
+  ++line_no;
+  std::vector<std::string> names = FigureNames();
+  std::vector<double> f(kNumFigures, 0);
+  std::vector<bool> seen(kNumFigures, false);
+  std::string key;
+  while (std::getline(is, line)) {
+    ++line_no;
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::string name, value, extra;
+    ls >> name >> value;
+    PSD_REQUIRE_ARG(!name.empty() && !value.empty() && !(ls >> extra), "CostModel::Parse: line ",
+                    line_no, " '", line, "' is not 'name value'");
+    if (name == "host_key") {
+      key = value;
+      continue;
+    }
+    auto it = std::find(names.begin(), names.end(), name);
+    PSD_REQUIRE_ARG(it != names.end(), "CostModel::Parse: line ", line_no, ": unknown figure '",
+                    name, "'");
+    char* end = nullptr;
+    double v = std::strtod(value.c_str(), &end);
+    PSD_REQUIRE_ARG(end != value.c_str() && *end == '\0', "CostModel::Parse: line ", line_no,
+                    ": value '", value, "' of ", name, " is not a number");
+    size_t idx = static_cast<size_t>(it - names.begin());
+    f[idx] = v;
+    seen[idx] = true;
+  }
+  for (int i = 0; i < kNumFigures; ++i) {
+    PSD_REQUIRE_ARG(seen[i], "CostModel::Parse: figure '", names[i], "' is missing");
+  }
+  CostModel m = FromFigures(f);
+  PSD_CHECK(m.Validate());
+  if (host_key != nullptr) *host_key = key;
+  return m;
+}
+
+std::string CostModel::Summary() const {
+  std::ostringstream os;
+  os.precision(3);
+  for (int i = 0; i < kNumCollectiveKinds; ++i) {
+    os << CollectiveKindName(static_cast<CollectiveKind>(i)) << " " << link[i].alpha_s * 1e6
+       << "us/step " << (link[i].beta_s_per_b > 0 ? 1e-9 / link[i].beta_s_per_b : 0.0)
+       << "GB/s; ";
+  }
+  os << "gemm " << gemm_flops * 1e-9 << " GF/s; topk " << topk_bytes_per_s * 1e-9
+     << " GB/s; scatter " << scatter_bytes_per_s * 1e-9 << " GB/s; optimizer "
+     << optimizer_bytes_per_s * 1e-9 << " GB/s (" << source << ")";
+  return os.str();
+}
+
+namespace {
+
+// Median seconds of `reps` calls of fn, each after a barrier (so ranks start together).
+Result<double> TimeCollective(Backend& be, int reps, const std::function<Status()>& fn) {
+  PSD_CHECK(fn());  // warm-up: connection set-up and first-touch of buffers
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    PSD_CHECK(be.Barrier());
+    double t0 = Now();
+    PSD_CHECK(fn());
+    t.push_back(Now() - t0);
+  }
+  return Median(t);
+}
+
+Result<double> TimeKernel(const std::function<Status()>& fn) {
+  PSD_CHECK(fn());
+  std::vector<double> t;
+  for (int r = 0; r < 3; ++r) {
+    double t0 = Now();
+    PSD_CHECK(fn());
+    t.push_back(Now() - t0);
+  }
+  return std::max(Median(t), 1e-9);
+}
+
+}  // namespace
+
+Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels,
+                                   const ProbeOptions& opt) {
+  PSD_REQUIRE_ARG(opt.repetitions >= 1, "MeasureCostModel: repetitions ", opt.repetitions,
+                  " is invalid; expected >= 1");
+  PSD_REQUIRE_ARG(opt.small_bytes >= 4 && opt.large_bytes > opt.small_bytes,
+                  "MeasureCostModel: sizes ", opt.small_bytes, " and ", opt.large_bytes,
+                  " are invalid; expected 4 <= small < large");
+  const int world = be.size();
+  CostModel m;
+  std::vector<float> send(opt.large_bytes / 4 + world, 1.0f);
+  std::vector<float> recv(opt.large_bytes / 4 + world, 0.0f);
+
+  for (int c = 0; c < kNumCollectiveKinds; ++c) {
+    CollectiveKind kind = static_cast<CollectiveKind>(c);
+    double t[2], wire[2];
+    for (int s = 0; s < 2; ++s) {
+      size_t count = (s == 0 ? opt.small_bytes : opt.large_bytes) / 4;
+      std::function<Status()> fn;
+      double payload = 4.0 * static_cast<double>(count);
+      if (kind == CollectiveKind::kAllReduce) {
+        fn = [&, count] { return be.AllReduce(send.data(), recv.data(), count, DType::kFloat32); };
+      } else if (kind == CollectiveKind::kReduceScatter) {
+        std::vector<size_t> counts = ShardCounts(count, world);
+        fn = [&, counts] {
+          return be.ReduceScatter(send.data(), recv.data(), counts, DType::kFloat32);
+        };
+      } else {
+        size_t per = std::max<size_t>(1, count / static_cast<size_t>(world));
+        payload = 4.0 * static_cast<double>(per) * world;
+        fn = [&, per] { return be.AllGather(send.data(), recv.data(), per, DType::kFloat32); };
+      }
+      PSD_ASSIGN_OR_RETURN(t[s], TimeCollective(be, opt.repetitions, fn));
+      wire[s] = CostModel::WireBytes(kind, world, payload);
+    }
+    double steps = CostModel::Steps(kind, world);
+    LinkCost& l = m.link[c];
+    if (steps > 0) {
+      l.beta_s_per_b = std::max(0.0, (t[1] - t[0]) / (wire[1] - wire[0]));
+      l.alpha_s = std::max(0.0, (t[0] - wire[0] * l.beta_s_per_b) / steps);
+    }
+  }
+
+  if (opt.time_kernels) {
+    // GEMM: 128 rows of 512 x 512 factors (a mid-sized FC layer at batch 32, P 4).
+    const size_t rows = 128, gm = 512, gn = 512;
+    std::vector<float> u(rows * gm, 0.5f), v(rows * gn, 0.25f), g(gm * gn, 0.0f);
+    PSD_ASSIGN_OR_RETURN(double t_gemm, TimeKernel([&] {
+      return kernels.SufficientFactorGemm(u.data(), v.data(), rows, gm, gn, 1.0f, 0.0f, g.data(),
+                                          nullptr);
+    }));
+    m.gemm_flops = 2.0 * rows * gm * gn / t_gemm;
+
+    // Fused residual top-k on 1 Mi floats at density 0.001.
+    const size_t n = 1u << 20, k = n / 1000;
+    std::vector<float> grad(n), residual(n, 0.0f);
+    for (size_t i = 0; i < n; ++i) grad[i] = static_cast<float>((i * 2654435761u) % 1000) - 500;
+    std::vector<uint32_t> idx(k);
+    std::vector<float> val(k);
+    std::unique_ptr<KernelWorkspace> ws = kernels.NewWorkspace();
+    PSD_ASSIGN_OR_RETURN(double t_topk, TimeKernel([&] {
+      return kernels.FusedResidualTopK(grad.data(), residual.data(), nullptr, 0.0f, n, k,
+                                       idx.data(), val.data(), ws.get(), nullptr);
+    }));
+    m.topk_bytes_per_s = 4.0 * n / t_topk;
+
+    // Scatter-add of 64 Ki pairs into 1 Mi floats.
+    const size_t pairs = 1u << 16;
+    std::vector<uint32_t> sidx(pairs);
+    std::vector<float> sval(pairs, 1.0f);
+    for (size_t j = 0; j < pairs; ++j) sidx[j] = static_cast<uint32_t>((j * 16 + 7) % n);
+    PSD_ASSIGN_OR_RETURN(double t_scatter, TimeKernel([&] {
+      return kernels.ScatterAdd(sidx.data(), sval.data(), pairs, residual.data(), n, nullptr);
+    }));
+    m.scatter_bytes_per_s = 8.0 * pairs / t_scatter;
+
+    // SGD step over 1 Mi parameters.
+    std::vector<float> param(n, 1.0f), velocity(n, 0.0f);
+    SgdParams sp;
+    PSD_ASSIGN_OR_RETURN(double t_opt, TimeKernel([&] {
+      return kernels.SgdStep(param.data(), grad.data(), 1, 0, 1.0f, velocity.data(), n, sp,
+                             nullptr);
+    }));
+    m.optimizer_bytes_per_s = 4.0 * n / t_opt;
+  }
+
+  // Everyone adopts rank 0's figures.
+  std::vector<double> f = ToFigures(m);
+  PSD_CHECK(be.Broadcast(f.data(), f.size(), DType::kFloat64, 0));
+  CostModel out = FromFigures(f);
+  out.source = "measured";
+  return out;
+}
+
+std::string CostCachePath(const std::string& host_key) {
+  std::string set = settings::CostCache();
+  if (!set.empty()) return set;
+  const char* home = std::getenv("HOME");
+  std::string base = (home != nullptr && *home != '\0') ? home : "/tmp";
+  return base + "/.cache/poseidon/cost-" + host_key + ".txt";
+}
+
+namespace {
+
+// mkdir -p of the file's directory; failures surface when the file is written.
+void MakeParentDirs(const std::string& path) {
+  for (size_t i = 1; i < path.size(); ++i) {
+    if (path[i] == '/') mkdir(path.substr(0, i).c_str(), 0755);
+  }
+}
+
+}  // namespace
+
+Result<CostModel> LoadOrMeasureCostModel(Communicator& comm, const Kernels& kernels,
+                                         const ProbeOptions& options) {
+  Backend& be = comm.host_backend();
+  const std::string path = CostCachePath(comm.host_key());
+  // Rank 0 decides: figures from the cache (flag 1) or a fresh probe (flag 0).
+  std::vector<double> msg(kNumFigures + 1, 0.0);
+  if (comm.rank() == 0 && !settings::Reprobe()) {
+    std::ifstream in(path);
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      std::string key;
+      auto parsed = CostModel::Parse(ss.str(), &key);
+      if (parsed.ok() && key == comm.host_key()) {
+        std::vector<double> f = ToFigures(*parsed);
+        std::copy(f.begin(), f.end(), msg.begin() + 1);
+        msg[0] = 1;
+      } else if (!parsed.ok()) {
+        PSD_LOG(kWarn, "cost cache ", path, " is unreadable (", parsed.status().message(),
+                "); measuring again");
+      } else {
+        PSD_LOG(kInfo, "cost cache ", path, " is for ", key, ", not ", comm.host_key(),
+                "; measuring again");
+      }
+    }
+  }
+  PSD_CHECK(be.Broadcast(msg.data(), msg.size(), DType::kFloat64, 0));
+  if (msg[0] == 1) {
+    CostModel m = FromFigures(std::vector<double>(msg.begin() + 1, msg.end()));
+    m.source = "cache:" + path;
+    return m;
+  }
+  PSD_ASSIGN_OR_RETURN(CostModel m, MeasureCostModel(be, kernels, options));
+  if (comm.rank() == 0) {
+    MakeParentDirs(path);
+    std::ofstream out(path, std::ios::trunc);
+    out << m.ToText(comm.host_key());
+    if (!out) PSD_LOG(kWarn, "could not write the cost cache ", path, "; continuing without it");
+  }
+  return m;
+}
+
+}  // namespace poseidon

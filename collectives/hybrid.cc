@@ -1,0 +1,143 @@
+// HybridCollective: registration, planning and per-layer dispatch.
+//  BuildPlan: cost model (probe / cache / given) -> MakePlan over every layer -> every rank
+//  checks that all ranks hold the same plan (a hash allgather), so a rank that registered
+//  different layers fails everywhere with a clear error instead of deadlocking in Exchange.
+//  Exchange: the layer's planned strategy runs with its LayerState (made on first use, kept
+//  while the strategy stays the same), then the traffic counters are updated.
+#include "collectives/hybrid.h"
+
+#include <cstring>
+
+#include "runtime/log.h"
+
+namespace poseidon {
+
+Result<std::unique_ptr<HybridCollective>> HybridCollective::Create(
+    std::shared_ptr<Communicator> comm, MemoryKind memory, const Kernels* kernels) {
+  PSD_REQUIRE_ARG(comm != nullptr, "HybridCollective::Create: comm is null");
+  PSD_REQUIRE_ARG(memory == MemoryKind::kHost || memory == MemoryKind::kDevice,
+                  "HybridCollective::Create: memory kind ", static_cast<int>(memory),
+                  " is invalid; expected host or device");
+  if (kernels == nullptr) {
+    PSD_ASSIGN_OR_RETURN(kernels, KernelsFor(memory));
+  }
+  PSD_REQUIRE_ARG(kernels->memory() == memory, "HybridCollective::Create: kernels '",
+                  kernels->name(), "' work on ", MemoryKindName(kernels->memory()),
+                  " memory; expected ", MemoryKindName(memory));
+  PSD_ASSIGN_OR_RETURN(Backend * backend, comm->backend(memory));
+  std::unique_ptr<HybridCollective> h(new HybridCollective());
+  h->comm_ = std::move(comm);
+  h->ctx_.backend = backend;
+  h->ctx_.kernels = kernels;
+  h->ctx_.call.memory = memory;
+  return h;
+}
+
+Status HybridCollective::CheckId(const char* call, int id) const {
+  PSD_REQUIRE_ARG(id >= 0 && id < num_layers(), call, ": layer id ", id,
+                  " is not registered; expected 0..", num_layers() - 1);
+  return Status::Ok();
+}
+
+Result<int> HybridCollective::RegisterLayer(const LayerSpec& spec) {
+  PSD_ASSIGN_OR_RETURN(LayerSpec resolved, ResolveLayerSpec(spec));
+  PSD_REQUIRE_ARG(ids_.count(resolved.name) == 0, "RegisterLayer: layer name '", resolved.name,
+                  "' is already registered (id ", ids_[resolved.name],
+                  "); expected unique names");
+  int id = num_layers();
+  Layer l;
+  l.spec = std::move(resolved);
+  layers_.push_back(std::move(l));
+  ids_[layers_.back().spec.name] = id;
+  plan_.reset();  // a new layer needs a new plan
+  return id;
+}
+
+Status HybridCollective::BuildPlan(size_t batch) {
+  PSD_ASSIGN_OR_RETURN(CostModel model, LoadOrMeasureCostModel(*comm_, *ctx_.kernels));
+  return BuildPlan(batch, model);
+}
+
+Status HybridCollective::BuildPlan(size_t batch, const CostModel& model,
+                                   std::optional<PlannerOptions> options) {
+  if (!options) {
+    PSD_ASSIGN_OR_RETURN(PlannerOptions o, PlannerOptions::FromSettings());
+    options = o;
+  }
+  std::vector<LayerSpec> specs;
+  for (const Layer& l : layers_) specs.push_back(l.spec);
+  PSD_ASSIGN_OR_RETURN(Plan plan, MakePlan(specs, batch, world(), model, *options));
+
+  // Every rank must hold the same plan: compare a hash of its table (FNV-1a, 63 bits so it
+  // travels as int64) across ranks.
+  std::string text = plan.ToString();
+  uint64_t h = 1469598103934665603ull;
+  for (char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  int64_t mine = static_cast<int64_t>(h >> 1);
+  std::vector<int64_t> all(static_cast<size_t>(world()));
+  PSD_CHECK(comm_->host_backend().AllGather(&mine, all.data(), 1, DType::kInt64));
+  for (int r = 0; r < world(); ++r) {
+    if (all[static_cast<size_t>(r)] != all[0]) {
+      return MismatchError("BuildPlan: the plan on rank ", r, " differs from rank 0's (",
+                           num_layers(), " layers here, batch ", batch,
+                           "); expected every rank to register the same layers in the same "
+                           "order with the same batch");
+    }
+  }
+  model_ = model;
+  plan_ = std::move(plan);
+  PSD_LOG(kInfo, "plan for ", num_layers(), " layers at P=", world(), " K=", batch, ":\n",
+          plan_->ToString());
+  return Status::Ok();
+}
+
+std::string HybridCollective::PrintPlan() const {
+  return plan_ ? plan_->ToString() : std::string("# no plan yet (call BuildPlan)\n");
+}
+
+StrategyKind HybridCollective::strategy(int id) const {
+  return plan_->entries[static_cast<size_t>(id)].choice;
+}
+
+const LayerState* HybridCollective::state(int id) const {
+  if (id < 0 || id >= num_layers()) return nullptr;
+  return layers_[static_cast<size_t>(id)].state.get();
+}
+
+Status HybridCollective::Exchange(int id, const ExchangeBuffers& buffers, int64_t step) {
+  PSD_CHECK(CheckId("Exchange", id));
+  PSD_REQUIRE(plan_.has_value(), StatusCode::kInvalidArgument, "Exchange: layer ",
+              layers_[static_cast<size_t>(id)].spec.name,
+              ": no plan; call BuildPlan after registering every layer");
+  PSD_REQUIRE_ARG(step >= 0, "Exchange: step ", step, " is negative; expected >= 0");
+  Layer& l = layers_[static_cast<size_t>(id)];
+  const StrategyKind kind = strategy(id);
+  const Strategy& s = GetStrategy(kind);
+  if (!l.state || l.state_kind != kind) {
+    PSD_ASSIGN_OR_RETURN(l.state, s.NewState(l.spec, ctx_));
+    l.state_kind = kind;
+  }
+  ExchangeBuffers b = buffers;
+  if (kind == StrategyKind::kSfb && b.max_batch == 0) b.max_batch = plan_->batch;
+  ExchangeReport report;
+  Status st = s.Exchange(l.spec, l.state.get(), b, step, ctx_, &report);
+  if (!st.ok()) {
+    return st.WithPrefix(StrCat("while exchanging layer ", l.spec.name, " with ", s.name(), ": "));
+  }
+  const double dense = CostModel::WireBytes(CollectiveKind::kAllReduce, world(),
+                                            4.0 * static_cast<double>(l.spec.NumElements()));
+  for (Traffic* t : {&l.traffic, &total_}) {
+    t->exchanges += 1;
+    t->bytes_sent += report.bytes_sent;
+    t->dense_bytes += dense;
+    t->dense_fallbacks += report.fell_back_dense ? 1 : 0;
+  }
+  l.traffic.last_bytes_sent = report.bytes_sent;
+  total_.last_bytes_sent += report.bytes_sent;
+  return Status::Ok();
+}
+
+}  // namespace poseidon

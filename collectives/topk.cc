@@ -1,0 +1,152 @@
+// Top-k sparsification with residuals (RedSync / DGC).
+//  1. Fall back to a dense allreduce during the first W steps (warm-up: early gradients change
+//     fast and compression hurts most there) and for layers under POSEIDON_TOPK_MIN_ELEMENTS
+//     (their latency, not their bytes, dominates). The residual is left untouched.
+//  2. One fused kernel pass: residual += gradient (or, with DGC momentum correction,
+//     u = m u + gradient; residual += u), then exactly k = ceil(density n) entries of largest
+//     magnitude leave the residual (ties to the smaller index, indices ascending). Nothing is
+//     lost: residual_before + update == sent + residual_after, exactly in float32.
+//  3. Pack this rank's k indices and k values (as raw 32-bit words) into one message and
+//     allgather it: every rank sends the same k, so a plain allgather works, and one message
+//     instead of two halves the latency. 2 k (P-1) words sent per rank.
+//  4. Zero the gradient buffer and scatter-add every rank's pairs in rank order 0..P-1: the
+//     same additions in the same order on every rank, so bitwise identical results.
+//  5. Average (1/P) or, with an optimizer, apply the step to the full parameter with the 1/P
+//     fused in.
+#include <cstring>
+#include <vector>
+
+#include "collectives/strategy.h"
+
+namespace poseidon {
+namespace {
+
+class TopkState final : public TopkLayerState {
+ public:
+  TopkState(const OptimizerSpec& spec, std::unique_ptr<KernelWorkspace> w)
+      : opt(spec), ws(std::move(w)) {}
+
+  const std::vector<float>& residual() const override { return residual_; }
+  const std::vector<float>& momentum() const override { return momentum_; }
+  const std::vector<uint32_t>& last_indices() const override { return idx_; }
+  const std::vector<float>& last_values() const override { return val_; }
+  size_t k() const override { return k_; }
+
+  OptimizerState opt;
+  std::unique_ptr<KernelWorkspace> ws;
+  std::vector<float> residual_, momentum_, val_, peer_val_;
+  std::vector<uint32_t> idx_, send_, gathered_, peer_idx_;
+  size_t k_ = 0;
+};
+
+bool FallsBack(const LayerSpec& layer, int64_t step) {
+  return static_cast<long long>(layer.NumElements()) < layer.topk.min_elements.value_or(0) ||
+         step < layer.topk.warmup_steps.value_or(0);
+}
+
+class Topk final : public Strategy {
+ public:
+  StrategyKind kind() const override { return StrategyKind::kTopk; }
+
+  // Layers under min_elements: the dense allreduce's cost. Otherwise, with k = ceil(d n):
+  // time = select over 4n bytes + AG(8 k P) + scatter-add of 8 k P bytes [+ optimizer 4n]
+  // bytes = 8 k (P-1), i.e. 2 d n (P-1) words. (Warm-up steps are not the steady state.)
+  CostEstimate Cost(const LayerSpec& layer, size_t batch, int world,
+                    const CostModel& model) const override {
+    if (FallsBack(layer, 1ll << 62)) {
+      CostEstimate c = strategy_internal::DenseAllReduceCost(layer, world, model);
+      c.time_s += strategy_internal::FormGradientTime(layer, batch, model);
+      return c;
+    }
+    double n = static_cast<double>(layer.NumElements());
+    double k = static_cast<double>(strategy_internal::TopkCount(layer));
+    double payload = 8.0 * k * world;
+    CostEstimate c;
+    c.time_s = model.TopkTime(4.0 * n) +
+               model.CollectiveTime(CollectiveKind::kAllGather, world, payload) +
+               model.ScatterTime(payload) +
+               strategy_internal::FormGradientTime(layer, batch, model);
+    if (layer.optimizer.enabled()) c.time_s += model.OptimizerTime(4.0 * n);
+    c.bytes_sent = CostModel::WireBytes(CollectiveKind::kAllGather, world, payload);
+    return c;
+  }
+
+  Result<std::unique_ptr<LayerState>> NewState(const LayerSpec& layer,
+                                               const StrategyContext& ctx) const override {
+    std::string why;
+    PSD_REQUIRE_ARG(StrategyApplies(StrategyKind::kTopk, layer, &why), "topk: layer ",
+                    layer.name, ": ", why);
+    return std::unique_ptr<LayerState>(
+        new TopkState(layer.optimizer, ctx.kernels->NewWorkspace()));
+  }
+
+  Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
+                  int64_t step, const StrategyContext& ctx,
+                  ExchangeReport* report) const override {
+    const char* call = "Exchange(topk)";
+    if (Status st = strategy_internal::CheckBuffers(call, layer, buf, true); !st.ok()) {
+      return strategy_internal::FailTogether(ctx, st);
+    }
+    auto* s = static_cast<TopkState*>(state);
+    PSD_CHECK(strategy_internal::FormGradientFromFactors(layer, buf, ctx));
+    const size_t n = layer.NumElements();
+    if (n == 0 || FallsBack(layer, step)) {
+      report->fell_back_dense = true;
+      return strategy_internal::DenseAllReduce(layer, &s->opt, buf, ctx, report);
+    }
+    const int world = ctx.backend->size();
+    const size_t k = strategy_internal::TopkCount(layer);
+    PSD_REQUIRE_ARG(k > 0 && k <= n, call, ": layer ", layer.name, ": k ", k, " for ", n,
+                    " elements; expected 0 < k <= n");
+    const double mom = layer.topk.momentum.value_or(0.0);
+    if (s->residual_.size() != n) s->residual_.assign(n, 0.0f);
+    if (mom > 0 && s->momentum_.size() != n) s->momentum_.assign(n, 0.0f);
+    s->k_ = k;
+    s->idx_.resize(k);
+    s->val_.resize(k);
+
+    // 2. Fused residual accumulation + exact top-k.
+    PSD_CHECK(ctx.kernels->FusedResidualTopK(buf.grad, s->residual_.data(),
+                                             mom > 0 ? s->momentum_.data() : nullptr,
+                                             static_cast<float>(mom), n, k, s->idx_.data(),
+                                             s->val_.data(), s->ws.get(), ctx.call.stream));
+    // 3. [indices | values] as 2k 32-bit words, one allgather.
+    s->send_.resize(2 * k);
+    PSD_CHECK(ctx.kernels->Pack({{s->idx_.data(), k * 4}, {s->val_.data(), k * 4}},
+                                s->send_.data(), ctx.call.stream));
+    s->gathered_.resize(2 * k * static_cast<size_t>(world));
+    PSD_CHECK(ctx.backend->AllGather(s->send_.data(), s->gathered_.data(), 2 * k, DType::kInt32,
+                                     ctx.call));
+    report->bytes_sent += CostModel::WireBytes(CollectiveKind::kAllGather, world,
+                                               8.0 * static_cast<double>(k) * world);
+    // 4. Dense result, ranks added in order.
+    PSD_CHECK(strategy_internal::Zero(buf.grad, n, ctx));
+    // Each block is unpacked into typed arrays (a copy of 8k bytes) rather than reading the
+    // value words through a float pointer, which would break C++ aliasing rules.
+    s->peer_idx_.resize(k);
+    s->peer_val_.resize(k);
+    for (int r = 0; r < world; ++r) {
+      const uint32_t* block = s->gathered_.data() + 2 * k * static_cast<size_t>(r);
+      PSD_CHECK(ctx.kernels->Unpack(
+          block, {{s->peer_idx_.data(), k * 4}, {s->peer_val_.data(), k * 4}}, ctx.call.stream));
+      PSD_CHECK(ctx.kernels->ScatterAdd(s->peer_idx_.data(), s->peer_val_.data(), k, buf.grad, n,
+                                        ctx.call.stream));
+    }
+    // 5. Average or optimizer step.
+    const float inv = 1.0f / static_cast<float>(world);
+    if (layer.optimizer.enabled()) {
+      return s->opt.Apply(buf.params, buf.grad, 1, 0, inv, n, ctx);
+    }
+    return strategy_internal::Scale(buf.grad, n, inv, ctx);
+  }
+};
+
+}  // namespace
+
+namespace strategy_internal {
+const Strategy& TopkStrategy() {
+  static const Topk s;
+  return s;
+}
+}  // namespace strategy_internal
+}  // namespace poseidon
