@@ -1,0 +1,113 @@
+// Bulk dtype casts on host memory: float32 <-> float16 / bfloat16 and same-type copies.
+//
+// The conversions give bit-identical results to runtime/half.h's scalar functions (round to
+// nearest even; NaN -> the canonical quiet NaN 0x7e00 for float16, the quieted truncation for
+// bfloat16) but are written without branches, as selects, so the compiler vectorizes them:
+//  - float32 -> float16, normal range: add the rounding bias (0xfff plus the kept LSB) to the
+//    bits and shift; overflow and NaN are selected afterwards.
+//  - float32 -> float16, below 2^-14: |x| + 0.5f rounds |x| to a multiple of 2^-24 (half's
+//    subnormal unit) in the FPU's round-to-nearest-even mode; the float's low bits are then
+//    the half's mantissa (2^-14 itself comes out as 0x400, the smallest normal half).
+//  - float16 -> float32: rebias the exponent (normal, inf, NaN); subnormals are mant * 2^-24,
+//    exact in float32.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "runtime/half.h"
+
+namespace poseidon {
+namespace cpu {
+namespace {
+
+inline uint16_t FloatToHalfSelect(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t absu = u & 0x7fffffffu;
+  const uint32_t normal = (absu + 0xfffu + ((absu >> 13) & 1u) - 0x38000000u) >> 13;
+  const uint32_t sub = FloatBits(BitsToFloat(absu) + 0.5f) - 0x3f000000u;
+  uint32_t h = absu < 0x38800000u ? sub : normal;
+  h = absu >= 0x477ff000u ? 0x7c00u : h;
+  h = absu > 0x7f800000u ? 0x7e00u : h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+inline float HalfToFloatSelect(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;
+  const uint32_t normal = (em << 13) + (112u << 23);   // exponent 1..30: rebias by 127 - 15
+  const uint32_t special = (em << 13) + (224u << 23);  // exponent 31: inf / NaN keep mantissa
+  const uint32_t sub = FloatBits(static_cast<float>(em) * 0x1p-24f);
+  uint32_t bits = em < 0x400u ? sub : normal;
+  bits = em >= 0x7c00u ? special : bits;
+  return BitsToFloat(sign | bits);
+}
+
+inline uint16_t FloatToBFloat16Select(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+void F32ToF16(const float* __restrict src, uint16_t* __restrict dst, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = FloatToHalfSelect(src[i]);
+}
+void F16ToF32(const uint16_t* __restrict src, float* __restrict dst, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = HalfToFloatSelect(src[i]);
+}
+void F32ToBf16(const float* __restrict src, uint16_t* __restrict dst, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = FloatToBFloat16Select(src[i]);
+}
+void Bf16ToF32(const uint16_t* __restrict src, float* __restrict dst, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = BitsToFloat(static_cast<uint32_t>(src[i]) << 16);
+}
+
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  auto pa = reinterpret_cast<uintptr_t>(a);
+  auto pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+}  // namespace
+
+Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count) {
+  PSD_CHECK(CheckDType("Cast (source)", src_type));
+  PSD_CHECK(CheckDType("Cast (destination)", dst_type));
+  if (count == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(src != nullptr, "Cast: src is null with count = ", count);
+  PSD_REQUIRE_ARG(dst != nullptr, "Cast: dst is null with count = ", count);
+  const size_t src_bytes = count * DTypeSize(src_type);
+  const size_t dst_bytes = count * DTypeSize(dst_type);
+  if (src_type == dst_type) {
+    if (src != dst) std::memmove(dst, src, src_bytes);
+    return Status::Ok();
+  }
+  const bool f16 = src_type == DType::kFloat16 || dst_type == DType::kFloat16;
+  const bool bf16 = src_type == DType::kBFloat16 || dst_type == DType::kBFloat16;
+  const bool f32 = src_type == DType::kFloat32 || dst_type == DType::kFloat32;
+  PSD_REQUIRE_ARG(f32 && (f16 || bf16), "Cast: ", DTypeName(src_type), " -> ",
+                  DTypeName(dst_type),
+                  " is not supported; expected float32 <-> float16, float32 <-> bfloat16 or the "
+                  "same dtype on both sides");
+  PSD_REQUIRE_ARG(!Overlap(src, src_bytes, dst, dst_bytes), "Cast: ", DTypeName(src_type),
+                  " -> ", DTypeName(dst_type),
+                  " source and destination overlap; expected separate buffers");
+  const auto* s16 = static_cast<const uint16_t*>(src);
+  const auto* s32 = static_cast<const float*>(src);
+  auto* d16 = static_cast<uint16_t*>(dst);
+  auto* d32 = static_cast<float*>(dst);
+  if (dst_type == DType::kFloat16) {
+    F32ToF16(s32, d16, count);
+  } else if (src_type == DType::kFloat16) {
+    F16ToF32(s16, d32, count);
+  } else if (dst_type == DType::kBFloat16) {
+    F32ToBf16(s32, d16, count);
+  } else {
+    Bf16ToF32(s16, d32, count);
+  }
+  return Status::Ok();
+}
+
+}  // namespace cpu
+}  // namespace poseidon

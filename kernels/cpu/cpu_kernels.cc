@@ -1,0 +1,156 @@
+// The host-memory Kernels: the small kernels (scatter-add, the sufficient-factor GEMM through
+// BLAS, pack / unpack) and the CpuKernels() object that exposes every CPU kernel behind the
+// Kernels interface (stream arguments are ignored: host kernels run synchronously).
+#include <cblas.h>
+
+#include <climits>
+#include <cstring>
+#include <memory>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace poseidon {
+namespace cpu {
+
+Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n) {
+  if (m == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(idx != nullptr, "ScatterAdd: idx is null with m = ", m);
+  PSD_REQUIRE_ARG(val != nullptr, "ScatterAdd: val is null with m = ", m);
+  PSD_REQUIRE_ARG(dense != nullptr, "ScatterAdd: dense is null with m = ", m, " entries to add");
+  // Check every index before touching dense, so a bad index leaves it unchanged.
+  for (size_t j = 0; j < m; ++j) {
+    PSD_REQUIRE_ARG(idx[j] < n, "ScatterAdd: idx[", j, "] is ", idx[j], " but n is ", n,
+                    "; expected every index < n");
+  }
+  // Duplicates accumulate in position order (j ascending), so results are deterministic.
+  for (size_t j = 0; j < m; ++j) dense[idx[j]] += val[j];
+  return Status::Ok();
+}
+
+Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
+                            float alpha, float beta, float* g) {
+  constexpr const char* kCall = "SufficientFactorGemm";
+  PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, kCall,
+                  ": shape rows = ", rows, ", m = ", m, ", n = ", n,
+                  " exceeds the BLAS index range; expected each <= ", INT_MAX);
+  if (m == 0 || n == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(g != nullptr, kCall, ": g is null with m = ", m, ", n = ", n);
+  if (rows == 0 || alpha == 0.0f) {
+    // No factors: G = beta * G. BLAS implementations differ on K = 0, so do it here; beta = 0
+    // overwrites (NaN in G does not survive), as BLAS specifies.
+    const size_t count = m * n;
+    if (beta == 0.0f) {
+      std::memset(g, 0, count * sizeof(float));
+    } else if (beta != 1.0f) {
+      for (size_t i = 0; i < count; ++i) g[i] *= beta;
+    }
+    return Status::Ok();
+  }
+  PSD_REQUIRE_ARG(u != nullptr, kCall, ": u is null with rows = ", rows, ", m = ", m);
+  PSD_REQUIRE_ARG(v != nullptr, kCall, ": v is null with rows = ", rows, ", n = ", n);
+  // Row-major G (m x n) = alpha * U^T (m x rows) * V (rows x n) + beta * G.
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(rows), alpha, u, static_cast<int>(m), v, static_cast<int>(n), beta,
+              g, static_cast<int>(n));
+  return Status::Ok();
+}
+
+Status Pack(const std::vector<ConstByteRange>& parts, void* dst) {
+  size_t total = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    PSD_REQUIRE_ARG(parts[i].data != nullptr || parts[i].bytes == 0, "Pack: parts[", i,
+                    "].data is null with ", parts[i].bytes, " bytes");
+    total += parts[i].bytes;
+  }
+  if (total == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(dst != nullptr, "Pack: dst is null with ", total, " bytes to pack");
+  auto* out = static_cast<char*>(dst);
+  for (const ConstByteRange& part : parts) {
+    if (part.bytes == 0) continue;
+    std::memcpy(out, part.data, part.bytes);
+    out += part.bytes;
+  }
+  return Status::Ok();
+}
+
+Status Unpack(const void* src, const std::vector<ByteRange>& parts) {
+  size_t total = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    PSD_REQUIRE_ARG(parts[i].data != nullptr || parts[i].bytes == 0, "Unpack: parts[", i,
+                    "].data is null with ", parts[i].bytes, " bytes");
+    total += parts[i].bytes;
+  }
+  if (total == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(src != nullptr, "Unpack: src is null with ", total, " bytes to unpack");
+  const auto* in = static_cast<const char*>(src);
+  for (const ByteRange& part : parts) {
+    if (part.bytes == 0) continue;
+    std::memcpy(part.data, in, part.bytes);
+    in += part.bytes;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+class CpuKernelsImpl final : public Kernels {
+ public:
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+  const char* name() const override { return "cpu"; }
+
+  std::unique_ptr<KernelWorkspace> NewWorkspace() const override {
+    return std::make_unique<TopKWorkspace>();
+  }
+
+  Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
+                           float momentum, size_t n, size_t k, uint32_t* out_idx, float* out_val,
+                           KernelWorkspace* ws, void* /*stream*/) const override {
+    return cpu::FusedResidualTopK(grad, residual, momentum_buf, momentum, n, k, out_idx, out_val,
+                                  ws);
+  }
+  Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
+                    void* /*stream*/) const override {
+    return cpu::ScatterAdd(idx, val, m, dense, n);
+  }
+  Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
+                              float alpha, float beta, float* g,
+                              void* /*stream*/) const override {
+    return cpu::SufficientFactorGemm(u, v, rows, m, n, alpha, beta, g);
+  }
+  Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
+              void* /*stream*/) const override {
+    return cpu::Cast(src, src_type, dst, dst_type, count);
+  }
+  Status Pack(const std::vector<ConstByteRange>& parts, void* dst,
+              void* /*stream*/) const override {
+    return cpu::Pack(parts, dst);
+  }
+  Status Unpack(const void* src, const std::vector<ByteRange>& parts,
+                void* /*stream*/) const override {
+    return cpu::Unpack(src, parts);
+  }
+  Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                 float grad_scale, float* velocity, size_t n, const SgdParams& p,
+                 void* /*stream*/) const override {
+    return cpu::SgdStep(param, grads, num_grads, grad_stride, grad_scale, velocity, n, p);
+  }
+  Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                  float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
+                  void* /*stream*/) const override {
+    return cpu::AdamStep(param, grads, num_grads, grad_stride, grad_scale, m, v, n, p);
+  }
+  Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n,
+                 void* /*stream*/) const override {
+    return cpu::SumInto(dst, src, num, stride, n);
+  }
+};
+
+}  // namespace
+}  // namespace cpu
+
+const Kernels& CpuKernels() {
+  static const cpu::CpuKernelsImpl kernels;
+  return kernels;
+}
+
+}  // namespace poseidon

@@ -1,0 +1,22 @@
+// Picks the Kernels implementation for a memory kind.
+#include "kernels/kernels.h"
+
+#include "runtime/build_config.h"
+
+namespace poseidon {
+
+Result<const Kernels*> KernelsFor(MemoryKind memory) {
+  switch (memory) {
+    case MemoryKind::kHost:
+      return &CpuKernels();
+    case MemoryKind::kDevice:
+      // The CUDA kernels plug in here when POSEIDON_CUDA_ENABLED.
+      return UnavailableError("KernelsFor: no kernels for device memory in this build (CUDA=",
+                              POSEIDON_CUDA_ENABLED ? "on" : "off",
+                              "); expected host memory, or a build with the CUDA kernels");
+  }
+  return InvalidArgument("KernelsFor: unknown memory kind ", static_cast<int>(memory),
+                         "; expected host (0) or device (1)");
+}
+
+}  // namespace poseidon
