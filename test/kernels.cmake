@@ -1,0 +1,12 @@
+# CPU kernels: unit tests (no MPI) and a smoke run of the kernel benchmark.
+add_executable(kernels_cpu_test unit/kernels_cpu_test.cc)
+target_link_libraries(kernels_cpu_test PRIVATE poseidon_kernels_cpu GTest::gtest_main)
+add_test(NAME kernels_cpu_test COMMAND kernels_cpu_test)
+set_tests_properties(kernels_cpu_test PROPERTIES TIMEOUT 120 LABELS unit)
+
+if(TARGET kernels_cpu_bench)
+  # Every benchmark once at the small size, briefly: checks they run and verify their output.
+  add_test(NAME kernels_cpu_bench_smoke
+    COMMAND kernels_cpu_bench --benchmark_filter=/1048576 --benchmark_min_time=0.01)
+  set_tests_properties(kernels_cpu_bench_smoke PROPERTIES TIMEOUT 120 LABELS "unit;bench")
+endif()

@@ -1,0 +1,743 @@
+// Unit tests of the CPU kernels (kernels/cpu) against brute-force references: exact top-k with
+// residuals (every vector width this CPU has), scatter-add, the sufficient-factor GEMM, casts
+// against runtime/half.h, pack / unpack, the fused optimizer steps, SumInto, and every bad
+// argument.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/kernels.h"
+#include "runtime/build_config.h"
+#include "runtime/half.h"
+
+namespace poseidon {
+namespace {
+
+const Kernels& K() { return CpuKernels(); }
+
+::testing::AssertionResult HasError(const Status& s, StatusCode code,
+                                    const std::vector<std::string>& needles) {
+  if (s.ok()) return ::testing::AssertionFailure() << "expected an error, got OK";
+  if (s.code() != code) {
+    return ::testing::AssertionFailure() << "wrong code: " << s.ToString();
+  }
+  for (const std::string& needle : needles) {
+    if (s.message().find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure() << "'" << needle << "' missing in: " << s.ToString();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool SameBits(float a, float b) { return FloatBits(a) == FloatBits(b); }
+
+// ---------------------------------------------------------------------------------------------
+// FusedResidualTopK
+
+uint32_t RefKey(float x) {
+  if (std::isnan(x)) return 0x7f800001u;
+  return FloatBits(x) & 0x7fffffffu;
+}
+
+struct TopKCase {
+  std::vector<float> grad, residual, mom;  // mom empty: no momentum
+  float momentum = 0.0f;
+};
+
+struct TopKResult {
+  std::vector<uint32_t> idx;
+  std::vector<float> val, residual, mom;
+};
+
+// Full sort by (magnitude key descending, index ascending), the documented tie-break.
+TopKResult Reference(const TopKCase& c, size_t k) {
+  const size_t n = c.grad.size();
+  TopKResult out;
+  out.residual = c.residual;
+  out.mom = c.mom;
+  for (size_t i = 0; i < n; ++i) {
+    float u = c.grad[i];
+    if (!c.mom.empty()) {
+      u = c.momentum * c.mom[i] + u;
+      out.mom[i] = u;
+    }
+    out.residual[i] = c.residual[i] + u;
+  }
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    uint32_t ka = RefKey(out.residual[a]), kb = RefKey(out.residual[b]);
+    return ka != kb ? ka > kb : a < b;
+  });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  for (uint32_t i : order) {
+    out.idx.push_back(i);
+    out.val.push_back(out.residual[i]);
+    out.residual[i] = 0.0f;
+    if (!out.mom.empty()) out.mom[i] = 0.0f;
+  }
+  return out;
+}
+
+TopKResult RunKernel(TopKCase c, size_t k, KernelWorkspace* ws) {
+  TopKResult out;
+  out.idx.assign(k, 0xdeadbeefu);
+  out.val.assign(k, -1.0f);
+  Status s = K().FusedResidualTopK(c.grad.data(), c.residual.data(),
+                                   c.mom.empty() ? nullptr : c.mom.data(), c.momentum,
+                                   c.grad.size(), k, out.idx.data(), out.val.data(), ws, nullptr);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  out.residual = std::move(c.residual);
+  out.mom = std::move(c.mom);
+  return out;
+}
+
+void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(SameBits(a[i], b[i])) << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+  }
+}
+
+void ExpectMatchesReference(const TopKCase& c, size_t k, KernelWorkspace* ws) {
+  TopKResult want = Reference(c, k);
+  TopKResult got = RunKernel(c, k, ws);
+  ASSERT_EQ(got.idx, want.idx) << "n = " << c.grad.size() << ", k = " << k;
+  ASSERT_TRUE(std::is_sorted(got.idx.begin(), got.idx.end()));
+  ExpectSameBits(got.val, want.val, "val");
+  ExpectSameBits(got.residual, want.residual, "residual");
+  ExpectSameBits(got.mom, want.mom, "momentum");
+}
+
+enum class Data { kNormal, kFewLevels, kNaNs, kZeros, kNegative };
+
+TopKCase MakeCase(size_t n, Data data, bool momentum, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> level(-2, 2);
+  TopKCase c;
+  c.grad.resize(n);
+  c.residual.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    switch (data) {
+      case Data::kNormal:
+        c.grad[i] = normal(rng);
+        c.residual[i] = 0.5f * normal(rng);
+        break;
+      case Data::kFewLevels:  // many equal magnitudes: ties decide the selection
+        c.grad[i] = static_cast<float>(level(rng));
+        c.residual[i] = 0.0f;
+        break;
+      case Data::kNaNs:
+        c.grad[i] = normal(rng);
+        c.residual[i] = (rng() % 97 == 0) ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+        if (rng() % 211 == 0) c.grad[i] = std::numeric_limits<float>::infinity();
+        break;
+      case Data::kZeros:
+        c.grad[i] = 0.0f;
+        c.residual[i] = (i % 2) ? -0.0f : 0.0f;
+        break;
+      case Data::kNegative:
+        c.grad[i] = -std::fabs(normal(rng)) - 1.0f;
+        c.residual[i] = -std::fabs(normal(rng));
+        break;
+    }
+  }
+  if (momentum) {
+    c.momentum = 0.9f;
+    c.mom.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      c.mom[i] = data == Data::kZeros       ? 0.0f
+                 : data == Data::kFewLevels ? static_cast<float>(level(rng))
+                                            : normal(rng);
+    }
+  }
+  return c;
+}
+
+std::vector<std::string> IsasHere() {
+  std::vector<std::string> isas = {"scalar"};
+  for (const char* isa : {"avx2", "avx512"}) {
+    if (cpu::ForceIsaForTesting(isa).ok()) isas.push_back(isa);
+  }
+  EXPECT_TRUE(cpu::ForceIsaForTesting("auto").ok());
+  return isas;
+}
+
+class TopKIsaTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    Status s = cpu::ForceIsaForTesting(GetParam());
+    if (s.code() == StatusCode::kUnavailable) GTEST_SKIP() << s.ToString();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  void TearDown() override { EXPECT_TRUE(cpu::ForceIsaForTesting("auto").ok()); }
+};
+
+TEST_P(TopKIsaTest, MatchesBruteForceOverSizesAndData) {
+  auto ws = K().NewWorkspace();  // one workspace for every size: reuse across n
+  uint32_t seed = 1;
+  for (size_t n : {size_t{1}, size_t{2}, size_t{7}, size_t{1000}, size_t{9000}}) {
+    for (Data data : {Data::kNormal, Data::kFewLevels, Data::kNaNs, Data::kZeros,
+                      Data::kNegative}) {
+      for (bool momentum : {false, true}) {
+        TopKCase c = MakeCase(n, data, momentum, seed++);
+        std::vector<size_t> ks = {1, n, std::max<size_t>(1, n / 2), std::max<size_t>(1, n / 100),
+                                  std::max<size_t>(1, n - 1)};
+        for (size_t k : ks) {
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " data=" << static_cast<int>(data)
+                                            << " momentum=" << momentum << " k=" << k);
+          ExpectMatchesReference(c, k, ws.get());
+        }
+      }
+    }
+  }
+}
+
+TEST_P(TopKIsaTest, LargeInputsUseBothSelectionPaths) {
+  const size_t n = size_t{1} << 20;
+  auto ws = K().NewWorkspace();
+  auto* cws = dynamic_cast<cpu::TopKWorkspace*>(ws.get());
+  ASSERT_NE(cws, nullptr);
+  uint32_t seed = 100;
+  for (bool momentum : {false, true}) {
+    TopKCase c = MakeCase(n, Data::kNormal, momentum, seed++);
+    for (size_t k : {size_t{1}, size_t{1000}, size_t{10486}}) {  // density 0.1%, 1%
+      SCOPED_TRACE(::testing::Message() << "normal momentum=" << momentum << " k=" << k);
+      ExpectMatchesReference(c, k, ws.get());
+      EXPECT_TRUE(cws->last_used_sample) << "random data should take the sampled path";
+      EXPECT_GE(cws->last_candidates, k);
+    }
+    for (size_t k : {n / 3, n - 1, n}) {  // large k: the radix select
+      SCOPED_TRACE(::testing::Message() << "normal momentum=" << momentum << " k=" << k);
+      ExpectMatchesReference(c, k, ws.get());
+      EXPECT_FALSE(cws->last_used_sample);
+    }
+    // Few distinct magnitudes: the sampled threshold collects far too many entries (or is
+    // zero), so the exact radix select decides, with index tie-breaks.
+    TopKCase levels = MakeCase(n, Data::kFewLevels, momentum, seed++);
+    for (size_t k : {size_t{1}, size_t{1000}, n / 2}) {
+      SCOPED_TRACE(::testing::Message() << "levels momentum=" << momentum << " k=" << k);
+      ExpectMatchesReference(levels, k, ws.get());
+      EXPECT_FALSE(cws->last_used_sample);
+    }
+    TopKCase nans = MakeCase(n, Data::kNaNs, momentum, seed++);
+    SCOPED_TRACE("nans");
+    ExpectMatchesReference(nans, 20000, ws.get());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, TopKIsaTest, ::testing::ValuesIn(IsasHere()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST(TopK, NaNIsSelectedFirstAndTiesGoToSmallerIndex) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> grad = {1.0f, -3.0f, 3.0f, nan, -inf, 2.0f, nan, -3.0f};
+  std::vector<float> residual(grad.size(), 0.0f);
+  std::vector<uint32_t> idx(5);
+  std::vector<float> val(5);
+  auto ws = K().NewWorkspace();
+  ASSERT_TRUE(K().FusedResidualTopK(grad.data(), residual.data(), nullptr, 0.0f, grad.size(), 5,
+                                    idx.data(), val.data(), ws.get(), nullptr)
+                  .ok());
+  // NaNs (3, 6) above -inf (4) above |3| at 1 and 2; |3| at 7 loses the tie to index 1 and 2.
+  EXPECT_EQ(idx, (std::vector<uint32_t>{1, 2, 3, 4, 6}));
+  EXPECT_EQ(val[0], -3.0f);
+  EXPECT_EQ(val[1], 3.0f);
+  EXPECT_TRUE(std::isnan(val[2]));
+  EXPECT_EQ(val[3], -inf);
+  EXPECT_TRUE(std::isnan(val[4]));
+  EXPECT_EQ(residual, (std::vector<float>{1.0f, 0, 0, 0, 0, 2.0f, 0, -3.0f}));
+}
+
+TEST(TopK, ConservationOverSteps) {
+  // sent + residual_after == residual_before + update, bit-exact in float32, step after step.
+  const size_t n = 200000, k = 200;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (bool with_momentum : {false, true}) {
+    std::vector<float> residual(n, 0.0f), mom(n, 0.0f), grad(n);
+    std::vector<uint32_t> idx(k);
+    std::vector<float> val(k);
+    auto ws = K().NewWorkspace();
+    const float m = with_momentum ? 0.5f : 0.0f;
+    for (int step = 0; step < 4; ++step) {
+      for (float& g : grad) g = normal(rng);
+      std::vector<float> before = residual, update(n);
+      for (size_t i = 0; i < n; ++i) update[i] = with_momentum ? m * mom[i] + grad[i] : grad[i];
+      ASSERT_TRUE(K().FusedResidualTopK(grad.data(), residual.data(),
+                                        with_momentum ? mom.data() : nullptr, m, n, k,
+                                        idx.data(), val.data(), ws.get(), nullptr)
+                      .ok());
+      std::vector<float> sent(n, 0.0f);
+      ASSERT_TRUE(std::is_sorted(idx.begin(), idx.end()));
+      ASSERT_EQ(std::adjacent_find(idx.begin(), idx.end()), idx.end()) << "duplicate index";
+      for (size_t j = 0; j < k; ++j) sent[idx[j]] = val[j];
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(SameBits(sent[i] + residual[i], before[i] + update[i])) << "i = " << i;
+      }
+      if (with_momentum) {
+        for (size_t j = 0; j < k; ++j) ASSERT_EQ(mom[idx[j]], 0.0f);  // momentum masking
+      }
+    }
+  }
+}
+
+TEST(TopK, BadArguments) {
+  std::vector<float> g(10, 1.0f), r(10, 0.0f), mom(10, 0.0f);
+  std::vector<uint32_t> idx(11);
+  std::vector<float> val(11);
+  auto ws = K().NewWorkspace();
+  auto run = [&](const float* gp, float* rp, float* mp, float m, size_t n, size_t k,
+                 uint32_t* ip, float* vp, KernelWorkspace* w) {
+    return K().FusedResidualTopK(gp, rp, mp, m, n, k, ip, vp, w, nullptr);
+  };
+  const StatusCode kArg = StatusCode::kInvalidArgument;
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 0, idx.data(), val.data(),
+                           ws.get()),
+                       kArg, {"FusedResidualTopK", "k is 0", "n = 10"}));
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 11, idx.data(), val.data(),
+                           ws.get()),
+                       kArg, {"FusedResidualTopK", "k is 11", "n is 10"}));
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 0, 1, idx.data(), val.data(),
+                           ws.get()),
+                       kArg, {"k is 1", "n is 0"}));
+  EXPECT_TRUE(HasError(run(nullptr, r.data(), nullptr, 0, 10, 1, idx.data(), val.data(),
+                           ws.get()),
+                       kArg, {"grad is null", "n = 10"}));
+  EXPECT_TRUE(HasError(run(g.data(), nullptr, nullptr, 0, 10, 1, idx.data(), val.data(),
+                           ws.get()),
+                       kArg, {"residual is null"}));
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, nullptr, val.data(),
+                           ws.get()),
+                       kArg, {"out_idx is null", "k = 1"}));
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), nullptr,
+                           ws.get()),
+                       kArg, {"out_val is null"}));
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0.9f, 10, 1, idx.data(), val.data(),
+                           ws.get()),
+                       kArg, {"momentum is 0.9", "momentum_buf is null"}));
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), mom.data(), std::nanf(""), 10, 1, idx.data(),
+                           val.data(), ws.get()),
+                       kArg, {"momentum is nan"}));
+  EXPECT_TRUE(HasError(run(g.data(), g.data(), nullptr, 0, 10, 1, idx.data(), val.data(),
+                           ws.get()),
+                       kArg, {"distinct"}));
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), val.data(),
+                           nullptr),
+                       kArg, {"workspace is null"}));
+  struct OtherWorkspace : KernelWorkspace {};
+  OtherWorkspace other;
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), val.data(),
+                           &other),
+                       kArg, {"another Kernels implementation"}));
+  // Nothing was modified by the failed calls.
+  EXPECT_EQ(r, std::vector<float>(10, 0.0f));
+}
+
+// ---------------------------------------------------------------------------------------------
+// ScatterAdd
+
+TEST(ScatterAdd, AddsWithDuplicates) {
+  std::vector<float> dense = {1, 2, 3, 4, 5};
+  std::vector<uint32_t> idx = {4, 0, 4, 2, 4};
+  std::vector<float> val = {10, 20, 30, 0.5f, -1};
+  ASSERT_TRUE(K().ScatterAdd(idx.data(), val.data(), idx.size(), dense.data(), dense.size(),
+                             nullptr)
+                  .ok());
+  EXPECT_EQ(dense, (std::vector<float>{21, 2, 3.5f, 4, 44}));
+  EXPECT_TRUE(K().ScatterAdd(nullptr, nullptr, 0, nullptr, 0, nullptr).ok());  // empty is fine
+}
+
+TEST(ScatterAdd, OutOfRangeIndexIsAnErrorAndChangesNothing) {
+  std::vector<float> dense = {1, 2, 3};
+  std::vector<uint32_t> idx = {0, 2, 3, 1};
+  std::vector<float> val = {1, 1, 1, 1};
+  EXPECT_TRUE(HasError(K().ScatterAdd(idx.data(), val.data(), 4, dense.data(), 3, nullptr),
+                       StatusCode::kInvalidArgument, {"ScatterAdd", "idx[2] is 3", "n is 3"}));
+  EXPECT_EQ(dense, (std::vector<float>{1, 2, 3}));
+  EXPECT_TRUE(HasError(K().ScatterAdd(nullptr, val.data(), 4, dense.data(), 3, nullptr),
+                       StatusCode::kInvalidArgument, {"idx is null", "m = 4"}));
+  EXPECT_TRUE(HasError(K().ScatterAdd(idx.data(), nullptr, 4, dense.data(), 3, nullptr),
+                       StatusCode::kInvalidArgument, {"val is null"}));
+  EXPECT_TRUE(HasError(K().ScatterAdd(idx.data(), val.data(), 4, nullptr, 3, nullptr),
+                       StatusCode::kInvalidArgument, {"dense is null"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// SufficientFactorGemm
+
+TEST(SufficientFactorGemm, MatchesNaiveTripleLoop) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  struct Shape {
+    size_t rows, m, n;
+  };
+  for (Shape s : {Shape{1, 1, 1}, Shape{1, 7, 5}, Shape{3, 17, 9}, Shape{64, 33, 65},
+                  Shape{5, 128, 1}, Shape{2, 1, 40}}) {
+    for (float beta : {0.0f, 1.0f, -0.5f}) {
+      std::vector<float> u(s.rows * s.m), v(s.rows * s.n), g(s.m * s.n);
+      for (float& x : u) x = uni(rng);
+      for (float& x : v) x = uni(rng);
+      for (float& x : g) x = uni(rng);
+      const float alpha = 0.75f;
+      std::vector<double> want(s.m * s.n);
+      for (size_t i = 0; i < s.m; ++i) {
+        for (size_t j = 0; j < s.n; ++j) {
+          double acc = 0.0;
+          for (size_t r = 0; r < s.rows; ++r) acc += double(u[r * s.m + i]) * v[r * s.n + j];
+          want[i * s.n + j] = alpha * acc + double(beta) * g[i * s.n + j];
+        }
+      }
+      ASSERT_TRUE(K().SufficientFactorGemm(u.data(), v.data(), s.rows, s.m, s.n, alpha, beta,
+                                           g.data(), nullptr)
+                      .ok());
+      for (size_t i = 0; i < g.size(); ++i) {
+        ASSERT_NEAR(g[i], want[i], 1e-5 * (s.rows + 1))
+            << "rows=" << s.rows << " m=" << s.m << " n=" << s.n << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(SufficientFactorGemm, NoFactorsScalesByBeta) {
+  std::vector<float> g = {1, -2, std::nanf(""), 4};
+  ASSERT_TRUE(K().SufficientFactorGemm(nullptr, nullptr, 0, 2, 2, 1.0f, 0.5f, g.data(), nullptr)
+                  .ok());
+  EXPECT_EQ(g[0], 0.5f);
+  EXPECT_EQ(g[1], -1.0f);
+  EXPECT_EQ(g[3], 2.0f);
+  ASSERT_TRUE(K().SufficientFactorGemm(nullptr, nullptr, 0, 2, 2, 1.0f, 0.0f, g.data(), nullptr)
+                  .ok());
+  EXPECT_EQ(g, std::vector<float>(4, 0.0f));  // beta = 0 overwrites, even NaN
+}
+
+TEST(SufficientFactorGemm, BadArguments) {
+  std::vector<float> u(6), v(6), g(4);
+  const StatusCode kArg = StatusCode::kInvalidArgument;
+  EXPECT_TRUE(HasError(K().SufficientFactorGemm(nullptr, v.data(), 3, 2, 2, 1, 0, g.data(),
+                                                nullptr),
+                       kArg, {"SufficientFactorGemm", "u is null", "rows = 3"}));
+  EXPECT_TRUE(HasError(K().SufficientFactorGemm(u.data(), nullptr, 3, 2, 2, 1, 0, g.data(),
+                                                nullptr),
+                       kArg, {"v is null"}));
+  EXPECT_TRUE(HasError(K().SufficientFactorGemm(u.data(), v.data(), 3, 2, 2, 1, 0, nullptr,
+                                                nullptr),
+                       kArg, {"g is null"}));
+  EXPECT_TRUE(HasError(K().SufficientFactorGemm(u.data(), v.data(), size_t{1} << 33, 2, 2, 1, 0,
+                                                g.data(), nullptr),
+                       kArg, {"rows = 8589934592", "BLAS"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cast
+
+TEST(Cast, HalfAndBFloat16ToFloatExhaustive) {
+  std::vector<uint16_t> all(65536);
+  std::iota(all.begin(), all.end(), uint16_t{0});
+  std::vector<float> out(65536);
+  ASSERT_TRUE(K().Cast(all.data(), DType::kFloat16, out.data(), DType::kFloat32, all.size(),
+                       nullptr)
+                  .ok());
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(FloatBits(out[h]), FloatBits(HalfToFloat(static_cast<uint16_t>(h)))) << h;
+  }
+  ASSERT_TRUE(K().Cast(all.data(), DType::kBFloat16, out.data(), DType::kFloat32, all.size(),
+                       nullptr)
+                  .ok());
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(FloatBits(out[h]), FloatBits(BFloat16ToFloat(static_cast<uint16_t>(h)))) << h;
+  }
+}
+
+// Every combination of the top 16 bits (sign, exponent, 7 mantissa bits) with low-bit patterns
+// that sit on and around every rounding boundary of both formats, plus random low bits (the
+// float16 subnormal range rounds away up to 24 bits).
+TEST(Cast, FloatToHalfAndBFloat16MatchScalarReference) {
+  std::vector<uint32_t> lows = {0x0,    0x1,    0xfff,  0x1000, 0x1001, 0x1fff, 0x2000,
+                                0x2001, 0x3000, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff};
+  std::mt19937 rng(11);
+  while (lows.size() < 64) lows.push_back(rng() & 0xffffu);
+  std::vector<float> src(65536 * lows.size());
+  size_t o = 0;
+  for (uint32_t hi = 0; hi < 65536; ++hi) {
+    for (uint32_t lo : lows) src[o++] = BitsToFloat((hi << 16) | lo);
+  }
+  // The subnormal half range, exhaustively in its top bits and with random low bits.
+  for (uint32_t e = 0x33000000u; e < 0x38800000u; e += 0x101u) src.push_back(BitsToFloat(e));
+  std::vector<uint16_t> out(src.size());
+  ASSERT_TRUE(K().Cast(src.data(), DType::kFloat32, out.data(), DType::kFloat16, src.size(),
+                       nullptr)
+                  .ok());
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(out[i], FloatToHalf(src[i])) << std::hex << FloatBits(src[i]);
+  }
+  ASSERT_TRUE(K().Cast(src.data(), DType::kFloat32, out.data(), DType::kBFloat16, src.size(),
+                       nullptr)
+                  .ok());
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(out[i], FloatToBFloat16(src[i])) << std::hex << FloatBits(src[i]);
+  }
+}
+
+TEST(Cast, SameTypeCopyAndErrors) {
+  std::vector<int64_t> a = {1, -2, 3}, b(3);
+  ASSERT_TRUE(K().Cast(a.data(), DType::kInt64, b.data(), DType::kInt64, 3, nullptr).ok());
+  EXPECT_EQ(a, b);
+  std::vector<float> f(4, 1.0f);
+  std::vector<uint16_t> h(4);
+  const StatusCode kArg = StatusCode::kInvalidArgument;
+  EXPECT_TRUE(HasError(K().Cast(h.data(), DType::kFloat16, h.data() + 0, DType::kBFloat16, 2,
+                                nullptr),
+                       kArg, {"Cast", "float16 -> bfloat16 is not supported"}));
+  EXPECT_TRUE(HasError(K().Cast(f.data(), DType::kInt32, f.data(), DType::kFloat32, 4, nullptr),
+                       kArg, {"int32 -> float32 is not supported"}));
+  EXPECT_TRUE(HasError(K().Cast(f.data(), static_cast<DType>(42), h.data(), DType::kFloat16, 4,
+                                nullptr),
+                       kArg, {"unknown dtype 42"}));
+  EXPECT_TRUE(HasError(K().Cast(nullptr, DType::kFloat32, h.data(), DType::kFloat16, 4, nullptr),
+                       kArg, {"src is null", "count = 4"}));
+  EXPECT_TRUE(HasError(K().Cast(f.data(), DType::kFloat32, nullptr, DType::kFloat16, 4, nullptr),
+                       kArg, {"dst is null"}));
+  EXPECT_TRUE(HasError(K().Cast(f.data(), DType::kFloat32, f.data(), DType::kFloat16, 4, nullptr),
+                       kArg, {"overlap"}));
+  EXPECT_TRUE(K().Cast(nullptr, DType::kFloat32, nullptr, DType::kFloat16, 0, nullptr).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pack / Unpack
+
+TEST(PackUnpack, RoundTrip) {
+  std::vector<char> a = {'a', 'b', 'c'}, b, c = {'x', 'y', 'z', 'w', 'v'};
+  std::vector<ConstByteRange> parts = {{a.data(), a.size()}, {nullptr, 0}, {c.data(), c.size()}};
+  std::vector<char> fused(8);
+  ASSERT_TRUE(K().Pack(parts, fused.data(), nullptr).ok());
+  EXPECT_EQ(std::string(fused.begin(), fused.end()), "abcxyzwv");
+  std::vector<char> a2(3), c2(5);
+  ASSERT_TRUE(
+      K().Unpack(fused.data(), {{a2.data(), 3}, {nullptr, 0}, {c2.data(), 5}}, nullptr).ok());
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(c2, c);
+  EXPECT_TRUE(K().Pack({}, nullptr, nullptr).ok());
+  EXPECT_TRUE(HasError(K().Pack({{nullptr, 4}}, fused.data(), nullptr),
+                       StatusCode::kInvalidArgument, {"Pack", "parts[0].data is null", "4 bytes"}));
+  EXPECT_TRUE(HasError(K().Pack(parts, nullptr, nullptr), StatusCode::kInvalidArgument,
+                       {"dst is null", "8 bytes"}));
+  EXPECT_TRUE(HasError(K().Unpack(fused.data(), {{a2.data(), 3}, {nullptr, 2}}, nullptr),
+                       StatusCode::kInvalidArgument, {"Unpack", "parts[1].data is null"}));
+  EXPECT_TRUE(HasError(K().Unpack(nullptr, {{a2.data(), 3}}, nullptr),
+                       StatusCode::kInvalidArgument, {"src is null", "3 bytes"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer steps and SumInto
+
+// Pieces laid out with a gap (stride > n) to catch stride mistakes.
+std::vector<float> MakePieces(int num, size_t n, size_t stride, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> g(num * stride, std::nanf(""));
+  for (int q = 0; q < num; ++q) {
+    for (size_t i = 0; i < n; ++i) g[q * stride + i] = normal(rng);
+  }
+  return g;
+}
+
+TEST(SgdStep, MatchesScalarFormulaOverSteps) {
+  const size_t n = 2500, stride = 2600;
+  for (int num : {1, 3}) {
+    for (bool nesterov : {false, true}) {
+      for (float wd : {0.0f, 1e-2f}) {
+        SgdParams p;
+        p.lr = 0.1f;
+        p.momentum = 0.9f;
+        p.weight_decay = wd;
+        p.nesterov = nesterov;
+        const float scale = 1.0f / num;
+        std::vector<float> param(n), vel(n, 0.0f);
+        for (size_t i = 0; i < n; ++i) param[i] = 0.001f * i - 1.0f;
+        std::vector<float> ref_p = param, ref_v = vel;
+        for (int step = 0; step < 4; ++step) {
+          std::vector<float> g = MakePieces(num, n, stride, 50 + step);
+          ASSERT_TRUE(K().SgdStep(param.data(), g.data(), num, stride, scale, vel.data(), n, p,
+                                  nullptr)
+                          .ok());
+          for (size_t i = 0; i < n; ++i) {  // same float operations in the same order
+            float s = g[i];
+            for (int q = 1; q < num; ++q) s += g[q * stride + i];
+            float gp = s * scale;
+            if (wd != 0.0f) gp = gp + wd * ref_p[i];
+            ref_v[i] = p.momentum * ref_v[i] + gp;
+            ref_p[i] = ref_p[i] - p.lr * (nesterov ? gp + p.momentum * ref_v[i] : ref_v[i]);
+          }
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(param[i], ref_p[i]) << "num=" << num << " step=" << step << " i=" << i;
+            ASSERT_EQ(vel[i], ref_v[i]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(SgdStep, ExactSmallExampleAndPlainSgd) {
+  // Two pieces of 1 each, momentum 0.9, lr 0.5: v = 2, p = 1 - 0.5 * 2 = 0; then v = 3.8.
+  std::vector<float> param = {1.0f}, vel = {0.0f}, g = {1.0f, 1.0f};
+  SgdParams p;
+  p.lr = 0.5f;
+  p.momentum = 0.9f;
+  ASSERT_TRUE(K().SgdStep(param.data(), g.data(), 2, 1, 1.0f, vel.data(), 1, p, nullptr).ok());
+  EXPECT_EQ(param[0], 0.0f);
+  EXPECT_EQ(vel[0], 2.0f);
+  ASSERT_TRUE(K().SgdStep(param.data(), g.data(), 2, 1, 1.0f, vel.data(), 1, p, nullptr).ok());
+  EXPECT_FLOAT_EQ(vel[0], 3.8f);
+  // Momentum 0 needs no velocity buffer.
+  p.momentum = 0.0f;
+  param = {1.0f};
+  ASSERT_TRUE(K().SgdStep(param.data(), g.data(), 2, 1, 0.5f, nullptr, 1, p, nullptr).ok());
+  EXPECT_EQ(param[0], 0.5f);
+}
+
+double Pow(double b, int64_t t) { return std::pow(b, static_cast<double>(t)); }
+
+TEST(AdamStep, MatchesFormulaOverSteps) {
+  const size_t n = 3000, stride = 3001;
+  for (int num : {1, 4}) {
+    for (float wd : {0.0f, 0.05f}) {
+      AdamParams p;
+      p.lr = 1e-2f;
+      p.weight_decay = wd;
+      std::vector<float> param(n), m(n, 0.0f), v(n, 0.0f);
+      for (size_t i = 0; i < n; ++i) param[i] = std::sin(0.01 * i);
+      std::vector<double> rp(param.begin(), param.end()), rm(n, 0.0), rv(n, 0.0);
+      const float scale = 1.0f / num;
+      for (int64_t step = 1; step <= 5; ++step) {
+        p.step = step;
+        std::vector<float> g = MakePieces(num, n, stride, 90 + step);
+        ASSERT_TRUE(K().AdamStep(param.data(), g.data(), num, stride, scale, m.data(), v.data(),
+                                 n, p, nullptr)
+                        .ok());
+        for (size_t i = 0; i < n; ++i) {  // the formula, in double precision
+          double s = 0.0;
+          for (int q = 0; q < num; ++q) s += g[q * stride + i];
+          double gp = s * scale + double(wd) * rp[i];
+          rm[i] = p.beta1 * rm[i] + (1.0 - p.beta1) * gp;
+          rv[i] = p.beta2 * rv[i] + (1.0 - p.beta2) * gp * gp;
+          double mhat = rm[i] / (1.0 - Pow(p.beta1, step));
+          double vhat = rv[i] / (1.0 - Pow(p.beta2, step));
+          rp[i] -= p.lr * mhat / (std::sqrt(vhat) + p.eps);
+        }
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_NEAR(param[i], rp[i], 2e-5) << "num=" << num << " step=" << step << " i=" << i;
+          ASSERT_NEAR(m[i], rm[i], 1e-5 * (1 + std::fabs(rm[i])));
+          ASSERT_NEAR(v[i], rv[i], 1e-5 * (1 + std::fabs(rv[i])));
+        }
+      }
+    }
+  }
+}
+
+TEST(OptimizerSteps, BadArguments) {
+  std::vector<float> param(4), vel(4), m(4), v(4), g(8);
+  const StatusCode kArg = StatusCode::kInvalidArgument;
+  SgdParams sp;
+  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 0, 4, 1, vel.data(), 4, sp, nullptr),
+                       kArg, {"SgdStep", "num_grads is 0"}));
+  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 2, 3, 1, vel.data(), 4, sp, nullptr),
+                       kArg, {"grad_stride is 3", "n is 4"}));
+  EXPECT_TRUE(HasError(K().SgdStep(param.data(), nullptr, 1, 4, 1, vel.data(), 4, sp, nullptr),
+                       kArg, {"grads is null"}));
+  EXPECT_TRUE(HasError(K().SgdStep(nullptr, g.data(), 1, 4, 1, vel.data(), 4, sp, nullptr), kArg,
+                       {"param is null"}));
+  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, 1, nullptr, 4, sp, nullptr),
+                       kArg, {"velocity is null", "momentum is 0.9"}));
+  SgdParams bad = sp;
+  bad.lr = -1.0f;
+  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, 1, vel.data(), 4, bad, nullptr),
+                       kArg, {"lr is -1"}));
+  bad = sp;
+  bad.momentum = 0.0f;
+  bad.nesterov = true;
+  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, 1, vel.data(), 4, bad, nullptr),
+                       kArg, {"nesterov needs momentum > 0"}));
+  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, std::nanf(""), vel.data(), 4,
+                                   sp, nullptr),
+                       kArg, {"grad_scale is nan"}));
+  AdamParams ap;
+  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, nullptr, v.data(), 4, ap,
+                                    nullptr),
+                       kArg, {"AdamStep", "m (first moment) is null"}));
+  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), nullptr, 4, ap,
+                                    nullptr),
+                       kArg, {"v (second moment) is null"}));
+  AdamParams bad_adam = ap;
+  bad_adam.step = 0;
+  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4,
+                                    bad_adam, nullptr),
+                       kArg, {"step is 0"}));
+  bad_adam = ap;
+  bad_adam.beta1 = 1.0f;
+  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4,
+                                    bad_adam, nullptr),
+                       kArg, {"beta1 is 1"}));
+  bad_adam = ap;
+  bad_adam.eps = -1e-8f;
+  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4,
+                                    bad_adam, nullptr),
+                       kArg, {"eps is"}));
+}
+
+TEST(SumInto, SumsPiecesInPlaceAndOut) {
+  const size_t n = 3000, stride = 3100;
+  std::vector<float> src(3 * stride);
+  for (int q = 0; q < 3; ++q) {
+    for (size_t i = 0; i < n; ++i) src[q * stride + i] = static_cast<float>(q * 1000 + i);
+  }
+  std::vector<float> dst(n);
+  ASSERT_TRUE(K().SumInto(dst.data(), src.data(), 3, stride, n, nullptr).ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(dst[i], 3000.0f + 3.0f * i);
+  ASSERT_TRUE(K().SumInto(src.data(), src.data(), 3, stride, n, nullptr).ok());  // in place
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(src[i], 3000.0f + 3.0f * i);
+  ASSERT_TRUE(K().SumInto(dst.data(), nullptr, 0, 0, n, nullptr).ok());
+  EXPECT_EQ(dst, std::vector<float>(n, 0.0f));
+  EXPECT_TRUE(HasError(K().SumInto(dst.data(), src.data(), 2, 10, n, nullptr),
+                       StatusCode::kInvalidArgument, {"SumInto", "grad_stride is 10"}));
+  EXPECT_TRUE(HasError(K().SumInto(nullptr, src.data(), 2, stride, n, nullptr),
+                       StatusCode::kInvalidArgument, {"dst is null"}));
+  EXPECT_TRUE(HasError(K().SumInto(dst.data(), nullptr, 2, stride, n, nullptr),
+                       StatusCode::kInvalidArgument, {"grads is null"}));
+  EXPECT_TRUE(HasError(K().SumInto(dst.data(), src.data(), -1, stride, n, nullptr),
+                       StatusCode::kInvalidArgument, {"num is -1"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+
+TEST(KernelsFor, HostIsCpuDeviceUnavailableHere) {
+  Result<const Kernels*> host = KernelsFor(MemoryKind::kHost);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(*host, &CpuKernels());
+  EXPECT_EQ((*host)->memory(), MemoryKind::kHost);
+  EXPECT_STREQ((*host)->name(), "cpu");
+  Result<const Kernels*> bogus = KernelsFor(static_cast<MemoryKind>(9));
+  EXPECT_TRUE(HasError(bogus.status(), StatusCode::kInvalidArgument, {"unknown memory kind 9"}));
+#if !POSEIDON_CUDA_ENABLED
+  Result<const Kernels*> device = KernelsFor(MemoryKind::kDevice);
+  EXPECT_TRUE(HasError(device.status(), StatusCode::kUnavailable, {"KernelsFor", "device"}));
+#endif
+}
+
+}  // namespace
+}  // namespace poseidon
