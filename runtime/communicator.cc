@@ -5,9 +5,17 @@
 #include <set>
 #include <vector>
 
+#include "runtime/build_config.h"
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
+#if POSEIDON_CUDA_ENABLED
+#include "runtime/cuda_util.h"
+#include "runtime/staged_backend.h"
+#endif
+#if POSEIDON_NCCL_ENABLED
+#include "runtime/nccl_backend.h"
+#endif
 
 namespace poseidon {
 
@@ -84,6 +92,7 @@ Communicator::~Communicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // too late to free; MPI_Finalize released them
+  device_backend_.reset();  // the staged backend refers to the host backend
   host_backend_.reset();
   if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -91,8 +100,85 @@ Communicator::~Communicator() {
 
 Result<Backend*> Communicator::backend(MemoryKind memory) {
   if (memory == MemoryKind::kHost) return host_backend_.get();
-  return UnavailableError("Communicator::backend: no backend for ", MemoryKindName(memory),
-                          " memory in this build");
+  PSD_REQUIRE_ARG(memory == MemoryKind::kDevice, "Communicator::backend: unknown memory kind ",
+                  static_cast<int>(memory), "; expected kHost (0) or kDevice (1)");
+  if (!device_probed_) {
+    device_probed_ = true;
+    auto made = MakeDeviceBackend();
+    if (made.ok()) {
+      device_backend_ = std::move(made).value();
+    } else {
+      device_status_ = made.status();
+    }
+  }
+  if (device_backend_) return device_backend_.get();
+  return device_status_;
+}
+
+Result<std::unique_ptr<Backend>> Communicator::MakeDeviceBackend() {
+  const char* call = "Communicator::backend(device)";
+#if POSEIDON_CUDA_ENABLED
+  // Every rank must reach the same decision (and fail together), so the local facts are
+  // exchanged before anything is chosen.
+  std::string mode = settings::DeviceBackend();
+  Status local;
+  if (mode != "auto" && mode != "nccl" && mode != "staged") {
+    local = InvalidArgument(call, ": POSEIDON_DEVICE_BACKEND is '", mode,
+                            "'; expected auto, nccl or staged");
+  }
+  auto count = CudaDeviceCount();
+  int device = -1;
+  if (local.ok()) local = count.status();
+  if (local.ok()) local = CudaStatus(cudaGetDevice(&device), "cudaGetDevice");
+  int ok = local.ok() ? 1 : 0;
+  int all_ok = 0;
+  int rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_);
+  if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce(GPU check)", rc);
+  if (!local.ok()) {
+    return Status(local.code(), StrCat(call, ": rank ", rank_, ": ", local.message()));
+  }
+  if (!all_ok) {
+    return UnavailableError(call, ": another rank has no usable GPU (or a bad "
+                            "POSEIDON_DEVICE_BACKEND), so no device backend can span the ranks");
+  }
+  // Distinct devices among the ranks of this node, then on every node.
+  std::vector<int> local_devices(static_cast<size_t>(local_size_));
+  rc = MPI_Allgather(&device, 1, MPI_INT, local_devices.data(), 1, MPI_INT, local_comm_);
+  if (rc != MPI_SUCCESS) return MpiError("MPI_Allgather(local devices)", rc);
+  std::set<int> distinct(local_devices.begin(), local_devices.end());
+  int mine_distinct = distinct.size() == local_devices.size() ? 1 : 0;
+  int all_distinct = 0;
+  rc = MPI_Allreduce(&mine_distinct, &all_distinct, 1, MPI_INT, MPI_MIN, comm_);
+  if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce(device check)", rc);
+
+#if POSEIDON_NCCL_ENABLED
+  bool use_nccl = mode == "nccl" || (mode == "auto" && all_distinct);
+#else
+  PSD_REQUIRE(mode != "nccl", StatusCode::kUnavailable, call,
+              ": POSEIDON_DEVICE_BACKEND=nccl but this build has no NCCL");
+  bool use_nccl = false;
+#endif
+  if (use_nccl) {
+    PSD_REQUIRE(all_distinct, StatusCode::kUnavailable, call,
+                ": POSEIDON_DEVICE_BACKEND=nccl but ranks of one node share a GPU (", *count,
+                " GPU(s), ", local_size_, " local ranks); NCCL needs one GPU per rank: call "
+                "cudaSetDevice(local_rank) before the first device collective");
+#if POSEIDON_NCCL_ENABLED
+    PSD_ASSIGN_OR_RETURN(auto nccl, NcclBackend::Create(comm_));
+    PSD_LOG(kInfo, "device backend: nccl on GPU ", device);
+    return std::unique_ptr<Backend>(std::move(nccl));
+#endif
+  }
+  if (!all_distinct) {
+    PSD_LOG(kInfo, "device backend: mpi-staged (", local_size_, " local ranks share ", *count,
+            " GPU(s))");
+  }
+  PSD_ASSIGN_OR_RETURN(auto staged,
+                       StagedBackend::Create(static_cast<MpiBackend*>(host_backend_.get())));
+  return std::unique_ptr<Backend>(std::move(staged));
+#else
+  return UnavailableError(call, ": this build has no CUDA (configure with POSEIDON_WITH_CUDA)");
+#endif
 }
 
 }  // namespace poseidon

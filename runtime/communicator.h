@@ -44,6 +44,12 @@ class Communicator {
   Backend& host_backend() { return *host_backend_; }
   // The backend for a memory kind: host -> MPI; device -> NCCL when built and usable, else MPI
   // staging when CUDA is built, else kUnavailable.
+  // The device backend is made on the first backend(kDevice) call, which is collective (every
+  // rank must make it, on the CUDA device it will use): NCCL when it is built and every rank
+  // has its own GPU (distinct current devices among the ranks of each node; NCCL cannot put
+  // two ranks on one GPU), else the MPI backend staged through pinned host buffers.
+  // POSEIDON_DEVICE_BACKEND=nccl|staged forces one. kUnavailable (on every rank) when any rank
+  // has no usable GPU or this build has no CUDA; the answer is kept for later calls.
   Result<Backend*> backend(MemoryKind memory);
 
  private:
@@ -55,6 +61,11 @@ class Communicator {
   int thread_level_ = MPI_THREAD_SINGLE;
   std::string host_key_;
   std::unique_ptr<Backend> host_backend_;
+  // Made by the first backend(kDevice) call; device_status_ holds why there is none.
+  Result<std::unique_ptr<Backend>> MakeDeviceBackend();
+  bool device_probed_ = false;
+  std::unique_ptr<Backend> device_backend_;
+  Status device_status_;
 };
 
 }  // namespace poseidon

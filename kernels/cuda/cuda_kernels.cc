@@ -1,0 +1,301 @@
+// CudaKernelsImpl: argument checks (the same rules and messages as the CPU kernels, plus a
+// check that every buffer is device memory), then the launchers of topk.cu / elementwise.cu,
+// cuBLAS for the sufficient-factor GEMM and cudaMemcpyAsync for pack / unpack.
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <limits>
+
+#include "kernels/cuda/launch.h"
+#include "runtime/cuda_util.h"
+
+namespace poseidon {
+namespace {
+
+cudaStream_t ToStream(void* s) { return static_cast<cudaStream_t>(s); }
+
+bool NonNegativeFinite(float x) { return std::isfinite(x) && x >= 0.0f; }
+
+Status CheckPieces(const char* call, const float* grads, int num, size_t stride, size_t n) {
+  PSD_REQUIRE_ARG(num >= 1, call, ": num_grads is ", num, "; expected >= 1");
+  PSD_REQUIRE_ARG(grads != nullptr, call, ": grads is null with n = ", n);
+  PSD_REQUIRE_ARG(num == 1 || stride >= n, call, ": grad_stride is ", stride, " but n is ", n,
+                  "; expected grad_stride >= n so the ", num, " pieces do not overlap");
+  size_t span = (static_cast<size_t>(num) - 1) * stride + n;
+  return CheckDevicePointer(call, "grads", grads, span * sizeof(float));
+}
+
+// One cuBLAS handle per thread and device, made on first use. Never destroyed: it lives as
+// long as the thread, and destroying handles from thread-exit destructors can run after the
+// CUDA runtime has shut down.
+Result<cublasHandle_t> CublasHandle() {
+  thread_local cublasHandle_t handle = nullptr;
+  thread_local int handle_device = -1;
+  int device = 0;
+  PSD_CUDA_CHECK(cudaGetDevice(&device));
+  if (handle == nullptr || handle_device != device) {
+    cublasHandle_t h = nullptr;
+    cublasStatus_t st = cublasCreate(&h);
+    PSD_REQUIRE(st == CUBLAS_STATUS_SUCCESS, StatusCode::kBackendError,
+                "SufficientFactorGemm: cublasCreate failed: ", cublasGetStatusString(st));
+    // Full float32 (no TF32): the result must match the CPU GEMM to float32 rounding.
+    cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+    handle = h;
+    handle_device = device;
+  }
+  return handle;
+}
+
+class CudaKernelsImpl final : public Kernels {
+ public:
+  MemoryKind memory() const override { return MemoryKind::kDevice; }
+  const char* name() const override { return "cuda"; }
+
+  std::unique_ptr<KernelWorkspace> NewWorkspace() const override {
+    return cuda::NewTopKWorkspace();
+  }
+
+  Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
+                           float momentum, size_t n, size_t k, uint32_t* out_idx, float* out_val,
+                           KernelWorkspace* ws, void* stream) const override {
+    constexpr const char* kCall = "FusedResidualTopK";
+    PSD_REQUIRE_ARG(k > 0, kCall, ": k is 0 (n = ", n, "); expected 0 < k <= n");
+    PSD_REQUIRE_ARG(k <= n, kCall, ": k is ", k, " but n is ", n, "; expected 0 < k <= n");
+    PSD_REQUIRE_ARG(n <= std::numeric_limits<uint32_t>::max(), kCall, ": n is ", n,
+                    "; expected at most 4294967295 (indices are uint32)");
+    PSD_REQUIRE_ARG(grad != nullptr, kCall, ": grad is null with n = ", n);
+    PSD_REQUIRE_ARG(residual != nullptr, kCall, ": residual is null with n = ", n);
+    PSD_REQUIRE_ARG(out_idx != nullptr, kCall, ": out_idx is null with k = ", k);
+    PSD_REQUIRE_ARG(out_val != nullptr, kCall, ": out_val is null with k = ", k);
+    PSD_REQUIRE_ARG(std::isfinite(momentum), kCall, ": momentum is ", momentum,
+                    "; expected a finite factor");
+    PSD_REQUIRE_ARG(momentum_buf != nullptr || momentum == 0.0f, kCall, ": momentum is ",
+                    momentum,
+                    " but momentum_buf is null; pass a buffer of n floats or momentum 0");
+    PSD_REQUIRE_ARG(static_cast<const void*>(grad) != residual &&
+                        static_cast<const void*>(grad) != momentum_buf &&
+                        residual != momentum_buf,
+                    kCall, ": grad, residual and momentum_buf must be distinct buffers");
+    PSD_REQUIRE_ARG(ws != nullptr, kCall,
+                    ": workspace is null; expected one from NewWorkspace()");
+    PSD_REQUIRE_ARG(cuda::IsTopKWorkspace(ws), kCall,
+                    ": workspace was made by another Kernels implementation; expected one from "
+                    "CudaKernels().NewWorkspace()");
+    PSD_CHECK(CheckDevicePointer(kCall, "grad", grad, n * sizeof(float)));
+    PSD_CHECK(CheckDevicePointer(kCall, "residual", residual, n * sizeof(float)));
+    if (momentum_buf != nullptr) {
+      PSD_CHECK(CheckDevicePointer(kCall, "momentum_buf", momentum_buf, n * sizeof(float)));
+    }
+    PSD_CHECK(CheckDevicePointer(kCall, "out_idx", out_idx, k * sizeof(uint32_t)));
+    PSD_CHECK(CheckDevicePointer(kCall, "out_val", out_val, k * sizeof(float)));
+    return cuda::LaunchFusedResidualTopK(grad, residual, momentum_buf, momentum, n, k, out_idx,
+                                         out_val, ws, ToStream(stream));
+  }
+
+  // Float atomics: see cuda_kernels.h (not bit-reproducible with repeated indices). Waits for
+  // the stream once to report an out-of-range index.
+  Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
+                    void* stream) const override {
+    if (m == 0) return Status::Ok();
+    PSD_REQUIRE_ARG(idx != nullptr, "ScatterAdd: idx is null with m = ", m);
+    PSD_REQUIRE_ARG(val != nullptr, "ScatterAdd: val is null with m = ", m);
+    PSD_REQUIRE_ARG(dense != nullptr, "ScatterAdd: dense is null with m = ", m,
+                    " entries to add");
+    PSD_CHECK(CheckDevicePointer("ScatterAdd", "idx", idx, m * sizeof(uint32_t)));
+    PSD_CHECK(CheckDevicePointer("ScatterAdd", "val", val, m * sizeof(float)));
+    PSD_CHECK(CheckDevicePointer("ScatterAdd", "dense", dense, n * sizeof(float)));
+    return cuda::LaunchScatterAdd(idx, val, m, dense, n, ToStream(stream));
+  }
+
+  // Row-major G (M x N) is column-major G^T (N x M, leading dimension N); likewise row-major
+  // U (rows x M) and V (rows x N) are column-major U^T (M x rows) and V^T (N x rows). So
+  //   G^T = alpha * V^T U + beta * G^T,
+  // one column-major cublasSgemm with A = V^T (no transpose, lda N) and B = U^T transposed
+  // (op(B) = U, ldb M), m = N, n = M, k = rows: no copies, no explicit transposes.
+  Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
+                              float alpha, float beta, float* g, void* stream) const override {
+    constexpr const char* kCall = "SufficientFactorGemm";
+    PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, kCall,
+                    ": rows = ", rows, ", m = ", m, ", n = ", n,
+                    "; expected each at most 2147483647 (cuBLAS dimensions are int)");
+    PSD_REQUIRE_ARG(std::isfinite(alpha) && std::isfinite(beta), kCall, ": alpha = ", alpha,
+                    ", beta = ", beta, "; expected finite factors");
+    if (m == 0 || n == 0) return Status::Ok();
+    PSD_REQUIRE_ARG(g != nullptr, kCall, ": g is null with m = ", m, ", n = ", n);
+    PSD_CHECK(CheckDevicePointer(kCall, "g", g, m * n * sizeof(float)));
+    if (rows > 0) {
+      PSD_REQUIRE_ARG(u != nullptr, kCall, ": u is null with rows = ", rows, ", m = ", m);
+      PSD_REQUIRE_ARG(v != nullptr, kCall, ": v is null with rows = ", rows, ", n = ", n);
+      PSD_CHECK(CheckDevicePointer(kCall, "u", u, rows * m * sizeof(float)));
+      PSD_CHECK(CheckDevicePointer(kCall, "v", v, rows * n * sizeof(float)));
+    }
+    PSD_ASSIGN_OR_RETURN(cublasHandle_t h, CublasHandle());
+    cublasStatus_t st = cublasSetStream(h, ToStream(stream));
+    PSD_REQUIRE(st == CUBLAS_STATUS_SUCCESS, StatusCode::kBackendError, kCall,
+                ": cublasSetStream failed: ", cublasGetStatusString(st));
+    // k = 0 (no factors) is valid for cuBLAS and scales G by beta, as the contract asks.
+    st = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(rows), &alpha, v, static_cast<int>(n), u,
+                     static_cast<int>(m), &beta, g, static_cast<int>(n));
+    PSD_REQUIRE(st == CUBLAS_STATUS_SUCCESS, StatusCode::kBackendError, kCall,
+                ": cublasSgemm(m = ", n, ", n = ", m, ", k = ", rows,
+                ") failed: ", cublasGetStatusString(st));
+    return Status::Ok();
+  }
+
+  Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
+              void* stream) const override {
+    PSD_CHECK(CheckDType("Cast", src_type));
+    PSD_CHECK(CheckDType("Cast", dst_type));
+    bool same = src_type == dst_type;
+    bool supported = same || (src_type == DType::kFloat32 && IsHalfDType(dst_type)) ||
+                     (IsHalfDType(src_type) && dst_type == DType::kFloat32);
+    PSD_REQUIRE_ARG(supported, "Cast: ", DTypeName(src_type), " -> ", DTypeName(dst_type),
+                    " is not supported; expected float32 <-> float16 / bfloat16 or the same "
+                    "type");
+    if (count == 0) return Status::Ok();
+    PSD_REQUIRE_ARG(src != nullptr, "Cast: src is null with count = ", count);
+    PSD_REQUIRE_ARG(dst != nullptr, "Cast: dst is null with count = ", count);
+    PSD_CHECK(CheckDevicePointer("Cast", "src", src, count * DTypeSize(src_type)));
+    PSD_CHECK(CheckDevicePointer("Cast", "dst", dst, count * DTypeSize(dst_type)));
+    if (same) {
+      if (src == dst) return Status::Ok();
+      return CudaStatus(cudaMemcpyAsync(dst, src, count * DTypeSize(src_type),
+                                        cudaMemcpyDeviceToDevice, ToStream(stream)),
+                        "Cast: cudaMemcpyAsync");
+    }
+    return cuda::LaunchCast(src, src_type, dst, dst_type, count, ToStream(stream));
+  }
+
+  Status Pack(const std::vector<ConstByteRange>& parts, void* dst, void* stream) const override {
+    size_t total = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      PSD_REQUIRE_ARG(parts[i].data != nullptr || parts[i].bytes == 0, "Pack: parts[", i,
+                      "] is null with ", parts[i].bytes, " bytes");
+      total += parts[i].bytes;
+    }
+    if (total == 0) return Status::Ok();
+    PSD_REQUIRE_ARG(dst != nullptr, "Pack: dst is null with ", total, " bytes to pack");
+    PSD_CHECK(CheckDevicePointer("Pack", "dst", dst, total));
+    size_t off = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].bytes == 0) continue;
+      // cudaMemcpyDefault: a part may live in managed memory as well as device memory.
+      PSD_CHECK(CudaStatus(cudaMemcpyAsync(static_cast<unsigned char*>(dst) + off,
+                                           parts[i].data, parts[i].bytes, cudaMemcpyDefault,
+                                           ToStream(stream)),
+                           StrCat("Pack: cudaMemcpyAsync(parts[", i, "])").c_str()));
+      off += parts[i].bytes;
+    }
+    return Status::Ok();
+  }
+
+  Status Unpack(const void* src, const std::vector<ByteRange>& parts,
+                void* stream) const override {
+    size_t total = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      PSD_REQUIRE_ARG(parts[i].data != nullptr || parts[i].bytes == 0, "Unpack: parts[", i,
+                      "] is null with ", parts[i].bytes, " bytes");
+      total += parts[i].bytes;
+    }
+    if (total == 0) return Status::Ok();
+    PSD_REQUIRE_ARG(src != nullptr, "Unpack: src is null with ", total, " bytes to unpack");
+    PSD_CHECK(CheckDevicePointer("Unpack", "src", src, total));
+    size_t off = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].bytes == 0) continue;
+      PSD_CHECK(CudaStatus(cudaMemcpyAsync(parts[i].data,
+                                           static_cast<const unsigned char*>(src) + off,
+                                           parts[i].bytes, cudaMemcpyDefault, ToStream(stream)),
+                           StrCat("Unpack: cudaMemcpyAsync(parts[", i, "])").c_str()));
+      off += parts[i].bytes;
+    }
+    return Status::Ok();
+  }
+
+  Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                 float grad_scale, float* velocity, size_t n, const SgdParams& p,
+                 void* stream) const override {
+    constexpr const char* kCall = "SgdStep";
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.lr), kCall, ": lr is ", p.lr, "; expected finite >= 0");
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.momentum), kCall, ": momentum is ", p.momentum,
+                    "; expected finite >= 0");
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ",
+                    p.weight_decay, "; expected finite >= 0");
+    PSD_REQUIRE_ARG(!p.nesterov || p.momentum > 0.0f, kCall,
+                    ": nesterov needs momentum > 0 (momentum is ", p.momentum, ")");
+    PSD_REQUIRE_ARG(std::isfinite(grad_scale), kCall, ": grad_scale is ", grad_scale,
+                    "; expected a finite factor");
+    if (n == 0) return Status::Ok();
+    PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
+    PSD_REQUIRE_ARG(param != nullptr, kCall, ": param is null with n = ", n);
+    PSD_REQUIRE_ARG(velocity != nullptr || p.momentum == 0.0f, kCall, ": momentum is ",
+                    p.momentum, " but velocity is null; expected a buffer of n = ", n, " floats");
+    PSD_CHECK(CheckDevicePointer(kCall, "param", param, n * sizeof(float)));
+    if (p.momentum != 0.0f) {
+      PSD_CHECK(CheckDevicePointer(kCall, "velocity", velocity, n * sizeof(float)));
+    }
+    return cuda::LaunchSgdStep(param, grads, num_grads, grad_stride, grad_scale, velocity, n, p,
+                               ToStream(stream));
+  }
+
+  Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                  float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
+                  void* stream) const override {
+    constexpr const char* kCall = "AdamStep";
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.lr), kCall, ": lr is ", p.lr, "; expected finite >= 0");
+    PSD_REQUIRE_ARG(p.beta1 >= 0.0f && p.beta1 < 1.0f, kCall, ": beta1 is ", p.beta1,
+                    "; expected 0 <= beta1 < 1");
+    PSD_REQUIRE_ARG(p.beta2 >= 0.0f && p.beta2 < 1.0f, kCall, ": beta2 is ", p.beta2,
+                    "; expected 0 <= beta2 < 1");
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.eps), kCall, ": eps is ", p.eps,
+                    "; expected finite >= 0");
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ",
+                    p.weight_decay, "; expected finite >= 0");
+    PSD_REQUIRE_ARG(p.step >= 1, kCall, ": step is ", p.step,
+                    "; expected the 1-based count of steps taken, >= 1");
+    PSD_REQUIRE_ARG(std::isfinite(grad_scale), kCall, ": grad_scale is ", grad_scale,
+                    "; expected a finite factor");
+    if (n == 0) return Status::Ok();
+    PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
+    PSD_REQUIRE_ARG(param != nullptr, kCall, ": param is null with n = ", n);
+    PSD_REQUIRE_ARG(m != nullptr, kCall, ": m (first moment) is null with n = ", n);
+    PSD_REQUIRE_ARG(v != nullptr, kCall, ": v (second moment) is null with n = ", n);
+    // Bias corrections in double, exactly as the CPU kernel computes them.
+    const double t = static_cast<double>(p.step);
+    const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
+    const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
+    PSD_REQUIRE_ARG(bc1 > 0.0 && bc2 > 0.0, kCall, ": bias correction vanished (beta1 = ",
+                    p.beta1, ", beta2 = ", p.beta2, ", step = ", p.step, ")");
+    PSD_CHECK(CheckDevicePointer(kCall, "param", param, n * sizeof(float)));
+    PSD_CHECK(CheckDevicePointer(kCall, "m", m, n * sizeof(float)));
+    PSD_CHECK(CheckDevicePointer(kCall, "v", v, n * sizeof(float)));
+    return cuda::LaunchAdamStep(param, grads, num_grads, grad_stride, grad_scale, m, v, n, p,
+                                static_cast<float>(p.lr / bc1),
+                                static_cast<float>(1.0 / std::sqrt(bc2)), ToStream(stream));
+  }
+
+  Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n,
+                 void* stream) const override {
+    constexpr const char* kCall = "SumInto";
+    PSD_REQUIRE_ARG(num >= 0, kCall, ": num is ", num, "; expected >= 0");
+    if (n == 0) return Status::Ok();
+    PSD_REQUIRE_ARG(dst != nullptr, kCall, ": dst is null with n = ", n);
+    if (num > 0) PSD_CHECK(CheckPieces(kCall, src, num, stride, n));
+    PSD_CHECK(CheckDevicePointer(kCall, "dst", dst, n * sizeof(float)));
+    return cuda::LaunchSumInto(dst, src, num, stride, n, ToStream(stream));
+  }
+};
+
+}  // namespace
+
+const Kernels& CudaKernels() {
+  static const CudaKernelsImpl kernels;
+  return kernels;
+}
+
+}  // namespace poseidon

@@ -1,0 +1,21 @@
+// The CUDA twin of the CPU kernels (kernels/kernels.h, MemoryKind::kDevice; the stream argument
+// is a cudaStream_t, null meaning the legacy default stream). Every call is enqueued on the
+// stream and returns without waiting, except where a doc comment below says otherwise; results
+// are valid for later work on the same stream.
+//
+// Determinism: every kernel except ScatterAdd computes bit-identical results to CpuKernels()
+// (the target is compiled with --fmad=false, and each kernel evaluates the CPU twin's
+// expressions in the same order). ScatterAdd uses float atomicAdd: with repeated indices the
+// order of the additions, and so the last bits of the sums, can change from run to run.
+#pragma once
+
+#include "kernels/kernels.h"
+
+namespace poseidon {
+
+// The process-wide CUDA kernels (stateless; thread-safe). Usable without a GPU: every call
+// then fails with a Status carrying the CUDA error (or kInvalidArgument for bad arguments,
+// which are checked first).
+const Kernels& CudaKernels();
+
+}  // namespace poseidon

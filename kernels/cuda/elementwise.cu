@@ -1,0 +1,204 @@
+// Elementwise CUDA kernels: ScatterAdd, Cast, the optimizer steps and SumInto.
+//
+// Each kernel is a grid-stride loop that evaluates the CPU twin's expressions in the same
+// order; with --fmad=false (set on the target) nothing is contracted into an FMA, and CUDA's
+// sqrtf and division are correctly rounded by default, so results are bit-identical to
+// CpuKernels(). ScatterAdd is the exception (float atomics, see LaunchScatterAdd).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "kernels/cuda/launch.h"
+#include "runtime/cuda_util.h"
+
+namespace poseidon {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned GridFor(size_t n) {
+  size_t blocks = (n + kThreads - 1) / kThreads;
+  // Grid-stride loops cover the rest; 65535 blocks is plenty to fill any current GPU.
+  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(blocks, 65535)));
+}
+
+#define PSD_GRID_STRIDE(i, n)                                                               \
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);      \
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+
+// Adds val[j] at idx[j]; an index >= n is skipped and the smallest such j recorded.
+__global__ void ScatterAddKernel(const uint32_t* __restrict__ idx, const float* __restrict__ val,
+                                 size_t m, float* dense, size_t n,
+                                 unsigned long long* first_bad) {
+  PSD_GRID_STRIDE(j, m) {
+    uint32_t i = idx[j];
+    if (i < n) {
+      atomicAdd(dense + i, val[j]);
+    } else {
+      atomicMin(first_bad, static_cast<unsigned long long>(j));
+    }
+  }
+}
+
+__global__ void FloatToHalfKernel(const float* __restrict__ src, __half* __restrict__ dst,
+                                  size_t n) {
+  PSD_GRID_STRIDE(i, n) { dst[i] = __float2half_rn(src[i]); }
+}
+__global__ void HalfToFloatKernel(const __half* __restrict__ src, float* __restrict__ dst,
+                                  size_t n) {
+  PSD_GRID_STRIDE(i, n) { dst[i] = __half2float(src[i]); }
+}
+__global__ void FloatToBf16Kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst,
+                                  size_t n) {
+  PSD_GRID_STRIDE(i, n) { dst[i] = __float2bfloat16_rn(src[i]); }
+}
+__global__ void Bf16ToFloatKernel(const __nv_bfloat16* __restrict__ src, float* __restrict__ dst,
+                                  size_t n) {
+  PSD_GRID_STRIDE(i, n) { dst[i] = __bfloat162float(src[i]); }
+}
+
+// The sum of the num pieces at element i, piece 0 first (the CPU order), times scale.
+__device__ __forceinline__ float SumPieces(const float* grads, int num, size_t stride, size_t i) {
+  float acc = grads[i];
+  for (int q = 1; q < num; ++q) acc += grads[static_cast<size_t>(q) * stride + i];
+  return acc;
+}
+
+__global__ void SgdKernel(float* param, const float* grads, int num, size_t stride, float scale,
+                          float* velocity, size_t n, float lr, float mu, float wd,
+                          bool nesterov) {
+  PSD_GRID_STRIDE(i, n) {
+    float g = SumPieces(grads, num, stride, i) * scale;
+    float p = param[i];
+    if (wd != 0.0f) g = g + wd * p;
+    if (mu == 0.0f) {
+      param[i] = p - lr * g;
+      continue;
+    }
+    const float v = mu * velocity[i] + g;
+    velocity[i] = v;
+    param[i] = nesterov ? p - lr * (g + mu * v) : p - lr * v;
+  }
+}
+
+__global__ void AdamKernel(float* param, const float* grads, int num, size_t stride, float scale,
+                           float* m, float* v, size_t n, float b1, float b2, float one_minus_b1,
+                           float one_minus_b2, float eps, float wd, float step_size,
+                           float inv_bc2_sqrt) {
+  PSD_GRID_STRIDE(i, n) {
+    float g = SumPieces(grads, num, stride, i) * scale;
+    float p = param[i];
+    if (wd != 0.0f) g = g + wd * p;
+    const float m1 = b1 * m[i] + one_minus_b1 * g;
+    const float v1 = b2 * v[i] + one_minus_b2 * (g * g);
+    m[i] = m1;
+    v[i] = v1;
+    const float denom = sqrtf(v1) * inv_bc2_sqrt + eps;
+    param[i] = p - step_size * (m1 / denom);
+  }
+}
+
+// dst may be piece 0 itself: each element is summed before it is written.
+__global__ void SumIntoKernel(float* dst, const float* src, int num, size_t stride, size_t n) {
+  PSD_GRID_STRIDE(i, n) { dst[i] = SumPieces(src, num, stride, i); }
+}
+
+// Per-thread, per-device scratch for ScatterAdd's bad-index report (device word + pinned
+// mirror), made on first use. Never freed: it lives as long as the thread, and freeing CUDA
+// memory from thread-exit destructors can run after the runtime has shut down.
+struct ScatterScratch {
+  int device = -1;
+  unsigned long long* d_bad = nullptr;
+  unsigned long long* h_bad = nullptr;
+};
+
+Result<ScatterScratch*> GetScatterScratch() {
+  thread_local ScatterScratch s;
+  int device = 0;
+  PSD_CUDA_CHECK(cudaGetDevice(&device));
+  if (s.device != device) {
+    PSD_CUDA_CHECK(cudaMalloc(&s.d_bad, sizeof(unsigned long long)));
+    PSD_CUDA_CHECK(cudaMallocHost(&s.h_bad, sizeof(unsigned long long)));
+    s.device = device;
+  }
+  return &s;
+}
+
+}  // namespace
+
+// Float atomics: with repeated indices the additions land in an unspecified order, so sums can
+// differ in the last bits between runs (distinct indices are exact). The host waits for the
+// stream once, to read whether any index was out of range; that report names the first bad
+// position. Entries with valid indices are added either way.
+Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
+                        cudaStream_t stream) {
+  PSD_ASSIGN_OR_RETURN(ScatterScratch * s, GetScatterScratch());
+  PSD_CUDA_CHECK(cudaMemsetAsync(s->d_bad, 0xff, sizeof(unsigned long long), stream));
+  ScatterAddKernel<<<GridFor(m), kThreads, 0, stream>>>(idx, val, m, dense, n, s->d_bad);
+  PSD_CUDA_CHECK(cudaGetLastError());
+  PSD_CUDA_CHECK(cudaMemcpyAsync(s->h_bad, s->d_bad, sizeof(unsigned long long),
+                                 cudaMemcpyDeviceToHost, stream));
+  PSD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  unsigned long long bad = *s->h_bad;
+  if (bad == ULLONG_MAX) return Status::Ok();
+  uint32_t value = 0;
+  PSD_CUDA_CHECK(cudaMemcpy(&value, idx + bad, sizeof(value), cudaMemcpyDeviceToHost));
+  return InvalidArgument("ScatterAdd: idx[", bad, "] is ", value, " but n is ", n,
+                         "; expected every index < n (entries with valid indices were added)");
+}
+
+Status LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
+                  cudaStream_t stream) {
+  const unsigned grid = GridFor(count);
+  if (src_type == DType::kFloat32 && dst_type == DType::kFloat16) {
+    FloatToHalfKernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(src),
+                                                     static_cast<__half*>(dst), count);
+  } else if (src_type == DType::kFloat16 && dst_type == DType::kFloat32) {
+    HalfToFloatKernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(src),
+                                                     static_cast<float*>(dst), count);
+  } else if (src_type == DType::kFloat32 && dst_type == DType::kBFloat16) {
+    FloatToBf16Kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(src),
+                                                     static_cast<__nv_bfloat16*>(dst), count);
+  } else if (src_type == DType::kBFloat16 && dst_type == DType::kFloat32) {
+    Bf16ToFloatKernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src),
+                                                     static_cast<float*>(dst), count);
+  } else {
+    return InternalError("Cast: LaunchCast reached with an unsupported pair ",
+                         DTypeName(src_type), " -> ", DTypeName(dst_type));
+  }
+  return CudaStatus(cudaGetLastError(), "Cast kernel launch");
+}
+
+Status LaunchSgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                     float grad_scale, float* velocity, size_t n, const SgdParams& p,
+                     cudaStream_t stream) {
+  SgdKernel<<<GridFor(n), kThreads, 0, stream>>>(param, grads, num_grads, grad_stride,
+                                                 grad_scale, velocity, n, p.lr, p.momentum,
+                                                 p.weight_decay, p.nesterov);
+  return CudaStatus(cudaGetLastError(), "SgdStep kernel launch");
+}
+
+Status LaunchAdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                      float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
+                      float step_size, float inv_bc2_sqrt, cudaStream_t stream) {
+  AdamKernel<<<GridFor(n), kThreads, 0, stream>>>(
+      param, grads, num_grads, grad_stride, grad_scale, m, v, n, p.beta1, p.beta2,
+      1.0f - p.beta1, 1.0f - p.beta2, p.eps, p.weight_decay, step_size, inv_bc2_sqrt);
+  return CudaStatus(cudaGetLastError(), "AdamStep kernel launch");
+}
+
+Status LaunchSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
+                     cudaStream_t stream) {
+  if (num == 0) {  // the empty sum
+    return CudaStatus(cudaMemsetAsync(dst, 0, n * sizeof(float), stream), "SumInto: memset");
+  }
+  SumIntoKernel<<<GridFor(n), kThreads, 0, stream>>>(dst, src, num, stride, n);
+  return CudaStatus(cudaGetLastError(), "SumInto kernel launch");
+}
+
+}  // namespace cuda
+}  // namespace poseidon

@@ -1,0 +1,45 @@
+// Internal: the host launchers of the CUDA kernels (topk.cu, elementwise.cu), called by
+// cuda_kernels.cc after it has validated the arguments. Plain C++ types only, so the .cc side
+// needs no CUDA headers beyond the runtime API.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/kernels.h"
+
+namespace poseidon {
+namespace cuda {
+
+std::unique_ptr<KernelWorkspace> NewTopKWorkspace();
+// True when ws was made by NewTopKWorkspace.
+bool IsTopKWorkspace(const KernelWorkspace* ws);
+
+Status LaunchFusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
+                               float momentum, size_t n, size_t k, uint32_t* out_idx,
+                               float* out_val, KernelWorkspace* ws, cudaStream_t stream);
+
+// Synchronizes the stream once to read whether an index was out of range.
+Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
+                        cudaStream_t stream);
+
+// float32 <-> float16 / bfloat16 (round to nearest even).
+Status LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
+                  cudaStream_t stream);
+
+Status LaunchSgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                     float grad_scale, float* velocity, size_t n, const SgdParams& p,
+                     cudaStream_t stream);
+// step_size = lr / (1 - beta1^t), inv_bc2_sqrt = 1 / sqrt(1 - beta2^t), computed on the host
+// in double precision exactly as the CPU kernel does.
+Status LaunchAdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                      float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
+                      float step_size, float inv_bc2_sqrt, cudaStream_t stream);
+Status LaunchSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
+                     cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace poseidon

@@ -1,0 +1,96 @@
+// Small helpers for the CUDA runtime API shared by the device backends, the CUDA kernels, the
+// GPU tests and poseidon-info. Only the runtime API is used (never libcuda / the driver API),
+// so binaries start on machines without a GPU and report a clean error instead.
+//
+// Built only when POSEIDON_CUDA_ENABLED; include it only from CUDA-enabled code.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace poseidon {
+
+// OK for cudaSuccess; otherwise kBackendError "<what> failed: cudaErrorX (n): <description>".
+Status CudaStatus(cudaError_t err, const char* what);
+
+// Evaluates a cudaError_t expression and returns its Status (with the location) on failure.
+#define PSD_CUDA_CHECK(expr) PSD_CHECK(::poseidon::CudaStatus((expr), #expr))
+
+// Number of visible GPUs. kUnavailable (with the CUDA error string) when the runtime cannot
+// reach a driver or sees no device, so callers can tell "no GPU here" from a broken call.
+Result<int> CudaDeviceCount();
+
+// One line describing the GPUs and driver, for poseidon-info and the test skip messages:
+// "2 x NVIDIA H100 80GB HBM3 (sm_90), driver 13.0, runtime 13.0" or the reason there is none.
+std::string DescribeCudaDevices();
+
+// Checks that p (holding `bytes` bytes) is device or managed memory, which NCCL and the device
+// copies need; names the call, the buffer and what the pointer is instead. null with
+// bytes == 0 is accepted.
+Status CheckDevicePointer(const char* call, const char* which, const void* p, size_t bytes);
+
+// A cudaEvent_t owned by value (timing disabled).
+class CudaEvent {
+ public:
+  static Result<CudaEvent> Create();
+  CudaEvent() = default;
+  CudaEvent(CudaEvent&& o) noexcept : ev_(o.ev_) { o.ev_ = nullptr; }
+  CudaEvent& operator=(CudaEvent&& o) noexcept;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent();
+  cudaEvent_t get() const { return ev_; }
+  Status Record(cudaStream_t stream);
+  // True once all work captured by the last Record has finished.
+  Result<bool> Query() const;
+  Status Synchronize() const;
+
+ private:
+  cudaEvent_t ev_ = nullptr;
+};
+
+// Pinned (page-locked) host buffers, grown and reused: the staged backend copies device data
+// through them. Acquire returns a buffer of at least `bytes`; releasing it (destruction of the
+// handle) puts it back for the next caller. The pool is thread-safe.
+class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
+ public:
+  class Buffer {
+   public:
+    Buffer() = default;
+    Buffer(Buffer&& o) noexcept;
+    Buffer& operator=(Buffer&& o) noexcept;
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer();
+    void* data() const { return data_; }
+    size_t capacity() const { return capacity_; }
+
+   private:
+    friend class PinnedPool;
+    void Release();
+    std::shared_ptr<PinnedPool> pool_;
+    void* data_ = nullptr;
+    size_t capacity_ = 0;
+  };
+
+  static std::shared_ptr<PinnedPool> Make() { return std::shared_ptr<PinnedPool>(new PinnedPool()); }
+  ~PinnedPool();
+  Result<Buffer> Acquire(size_t bytes);
+
+ private:
+  PinnedPool() = default;
+  void Return(void* data, size_t capacity);
+
+  std::mutex mu_;
+  // Free buffers; guarded by mu_.
+  std::vector<std::pair<void*, size_t>> free_;
+};
+
+}  // namespace poseidon
