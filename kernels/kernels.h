@@ -71,11 +71,16 @@ class Kernels {
   virtual std::unique_ptr<KernelWorkspace> NewWorkspace() const = 0;
 
   // residual (and momentum, when non-null, with factor `momentum`) are updated in place;
-  // out_idx / out_val receive exactly k entries, indices ascending. Requires 0 < k <= n.
+  // out_idx / out_val receive exactly k entries, indices ascending. Requires 0 < k <= n,
+  // n <= 2^32 - 1, distinct grad / residual / momentum_buf, momentum == 0 when momentum_buf is
+  // null, and a workspace from this implementation's NewWorkspace() (errors otherwise).
+  // Order: magnitude, NaN above +infinity (all NaNs equal), ties to the smaller index. The
+  // selection is exact and deterministic (independent of vector width and of earlier calls).
   virtual Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
                                    float momentum, size_t n, size_t k, uint32_t* out_idx,
                                    float* out_val, KernelWorkspace* ws, void* stream) const = 0;
 
+  // Every index is checked before dense is touched; duplicates accumulate in position order.
   virtual Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense,
                             size_t n, void* stream) const = 0;
 
@@ -92,7 +97,9 @@ class Kernels {
   virtual Status Unpack(const void* src, const std::vector<ByteRange>& parts,
                         void* stream) const = 0;
 
-  // velocity is the momentum buffer (n floats, owned by the shard owner).
+  // velocity is the momentum buffer (n floats, owned by the shard owner); it may be null when
+  // p.momentum == 0. Pieces are summed in order g = 0..num_grads-1 (deterministic); with
+  // num_grads > 1, grad_stride must be >= n.
   virtual Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                          float grad_scale, float* velocity, size_t n, const SgdParams& p,
                          void* stream) const = 0;
@@ -100,7 +107,8 @@ class Kernels {
                           float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
                           void* stream) const = 0;
 
-  // dst[i] = sum over g of src[g * stride + i]; used to reduce gathered pieces.
+  // dst[i] = sum over g of src[g * stride + i]; used to reduce gathered pieces. dst may be
+  // src itself (piece 0); num == 0 writes zeros.
   virtual Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n,
                          void* stream) const = 0;
 };
