@@ -1,0 +1,316 @@
+// The CUDA kernels against their CPU twins (CpuKernels()) on fresh random inputs, plus the
+// argument checks, which run (and must pass) on machines without a GPU: bad arguments are
+// rejected before any CUDA call. With a GPU, every kernel except ScatterAdd with repeated
+// indices must match the CPU kernel bit for bit (see kernels/cuda/cuda_kernels.h).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/kernels.h"
+#include "runtime/half.h"
+#include "test/gpu/gpu_test_util.h"
+
+namespace poseidon {
+namespace {
+
+using testing::DeviceBuffer;
+
+const Kernels& Gpu() { return CudaKernels(); }
+const Kernels& Cpu() { return CpuKernels(); }
+
+// Random floats, never zero: N(0, 1) with a magnitude floor, in a fixed-seed stream.
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    do {
+      x = dist(gen);
+    } while (x == 0.0f);
+  }
+  return v;
+}
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got,
+                    const char* what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(SameBits(want[i], got[i]))
+        << what << "[" << i << "]: cpu " << want[i] << " cuda " << got[i];
+  }
+}
+
+// ---- Runs everywhere: the seam and the argument checks (no CUDA call is reached). ----
+
+TEST(CudaKernelsSeam, KernelsForDeviceIsTheCudaTwin) {
+  auto k = KernelsFor(MemoryKind::kDevice);
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(*k, &CudaKernels());
+  EXPECT_EQ((*k)->memory(), MemoryKind::kDevice);
+  EXPECT_STREQ((*k)->name(), "cuda");
+}
+
+TEST(CudaKernelsArgs, TopKRejectsBadArguments) {
+  auto ws = Gpu().NewWorkspace();
+  float* f = reinterpret_cast<float*>(0x1000);  // never dereferenced: checks come first
+  float* r = reinterpret_cast<float*>(0x2000);
+  uint32_t* idx = reinterpret_cast<uint32_t*>(0x3000);
+  auto code = [&](size_t n, size_t k, float* mom, float m, KernelWorkspace* w) {
+    return Gpu().FusedResidualTopK(f, r, mom, m, n, k, idx, f + 64, w, nullptr);
+  };
+  Status s = code(10, 0, nullptr, 0.0f, ws.get());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("k is 0"), std::string::npos) << s.message();
+  s = code(10, 11, nullptr, 0.0f, ws.get());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("k is 11 but n is 10"), std::string::npos) << s.message();
+  s = code(10, 3, nullptr, 0.9f, ws.get());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("momentum_buf is null"), std::string::npos) << s.message();
+  s = code(10, 3, nullptr, 0.0f, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("workspace is null"), std::string::npos) << s.message();
+  auto cpu_ws = Cpu().NewWorkspace();
+  s = code(10, 3, nullptr, 0.0f, cpu_ws.get());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("another Kernels implementation"), std::string::npos)
+      << s.message();
+  s = Gpu().FusedResidualTopK(f, reinterpret_cast<float*>(f), nullptr, 0.0f, 10, 3, idx, r,
+                              ws.get(), nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("distinct"), std::string::npos) << s.message();
+}
+
+TEST(CudaKernelsArgs, OtherKernelsRejectBadArguments) {
+  float* f = reinterpret_cast<float*>(0x1000);
+  Status s = Gpu().Cast(f, DType::kFloat16, f + 8, DType::kBFloat16, 4, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("float16 -> bfloat16 is not supported"), std::string::npos)
+      << s.message();
+  s = Gpu().Cast(f, static_cast<DType>(42), f + 8, DType::kFloat32, 4, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  SgdParams sgd;
+  sgd.lr = -1.0f;
+  s = Gpu().SgdStep(f, f, 1, 4, 1.0f, f, 4, sgd, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("lr is -1"), std::string::npos) << s.message();
+  AdamParams adam;
+  adam.step = 0;
+  s = Gpu().AdamStep(f, f, 1, 4, 1.0f, f, f, 4, adam, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("step is 0"), std::string::npos) << s.message();
+  s = Gpu().SumInto(f, f, 2, 3, 4, nullptr);  // stride 3 < n 4: the pieces overlap
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("grad_stride is 3 but n is 4"), std::string::npos) << s.message();
+  s = Gpu().ScatterAdd(nullptr, f, 3, f, 10, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  s = Gpu().Pack({{nullptr, 8}}, f, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("parts[0] is null"), std::string::npos) << s.message();
+  // Empty calls are no-ops and need no GPU.
+  EXPECT_TRUE(Gpu().ScatterAdd(nullptr, nullptr, 0, nullptr, 0, nullptr).ok());
+  EXPECT_TRUE(Gpu().Pack({}, nullptr, nullptr).ok());
+  EXPECT_TRUE(Gpu().SumInto(f, f, 1, 0, 0, nullptr).ok());
+}
+
+TEST(CudaKernelsNoGpu, CallsFailWithTheCudaError) {
+  if (testing::NoGpuReason().empty()) GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
+  std::vector<float> host(16, 1.0f);
+  Status s = Gpu().Cast(host.data(), DType::kFloat32, host.data() + 8, DType::kFloat16, 4,
+                        nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cuda"), std::string::npos) << s.message();
+}
+
+// ---- With a GPU: each kernel against its CPU twin. ----
+
+struct TopKCase {
+  size_t n, k;
+  bool momentum;
+  bool ties;  // values drawn from a few levels, so many magnitudes are equal
+};
+
+class CudaTopK : public ::testing::TestWithParam<TopKCase> {};
+
+TEST_P(CudaTopK, MatchesCpuOverSteps) {
+  PSD_SKIP_WITHOUT_GPU();
+  const TopKCase c = GetParam();
+  std::vector<float> residual = RandomFloats(c.n, 7), mom = RandomFloats(c.n, 8, 0.1f);
+  if (c.ties) {
+    for (auto& x : residual) x = static_cast<float>(static_cast<int>(x * 2.0f)) * 0.5f + 0.25f;
+  }
+  DeviceBuffer<float> d_res(residual), d_mom(mom), d_grad(c.n), d_val(c.k);
+  DeviceBuffer<uint32_t> d_idx(c.k);
+  auto cpu_ws = Cpu().NewWorkspace();
+  auto gpu_ws = Gpu().NewWorkspace();
+  const float m = c.momentum ? 0.9f : 0.0f;
+  for (int step = 0; step < 3; ++step) {  // the workspace is reused across steps
+    std::vector<float> grad = RandomFloats(c.n, 100 + static_cast<uint32_t>(step));
+    if (c.ties) {
+      for (auto& x : grad) x = static_cast<float>(static_cast<int>(x * 2.0f)) * 0.5f + 0.25f;
+    }
+    d_grad.Upload(grad);
+    std::vector<uint32_t> idx(c.k);
+    std::vector<float> val(c.k);
+    ASSERT_TRUE(Cpu().FusedResidualTopK(grad.data(), residual.data(),
+                                        c.momentum ? mom.data() : nullptr, m, c.n, c.k,
+                                        idx.data(), val.data(), cpu_ws.get(), nullptr)
+                    .ok());
+    Status s = Gpu().FusedResidualTopK(d_grad.get(), d_res.get(),
+                                       c.momentum ? d_mom.get() : nullptr, m, c.n, c.k,
+                                       d_idx.get(), d_val.get(), gpu_ws.get(), nullptr);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(d_idx.Download(), idx) << "step " << step;
+    ExpectSameBits(val, d_val.Download(), "values");
+    ExpectSameBits(residual, d_res.Download(), "residual");
+    if (c.momentum) ExpectSameBits(mom, d_mom.Download(), "momentum");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaTopK,
+    ::testing::Values(TopKCase{1, 1, false, false}, TopKCase{1000, 1, false, false},
+                      TopKCase{1000, 1000, false, false}, TopKCase{4097, 41, true, false},
+                      TopKCase{100003, 100, false, false}, TopKCase{100003, 1000, true, false},
+                      TopKCase{100003, 5000, false, true}, TopKCase{1 << 20, 1049, true, true}));
+
+TEST(CudaKernels, ScatterAddMatchesCpu) {
+  PSD_SKIP_WITHOUT_GPU();
+  const size_t n = 50000, m = 3000;
+  std::vector<float> dense = RandomFloats(n, 1), val = RandomFloats(m, 2);
+  std::vector<uint32_t> idx(m);
+  for (size_t j = 0; j < m; ++j) idx[j] = static_cast<uint32_t>((j * 7919) % n);  // distinct
+  DeviceBuffer<float> d_dense(dense), d_val(val);
+  DeviceBuffer<uint32_t> d_idx(idx);
+  ASSERT_TRUE(Cpu().ScatterAdd(idx.data(), val.data(), m, dense.data(), n, nullptr).ok());
+  Status s = Gpu().ScatterAdd(d_idx.get(), d_val.get(), m, d_dense.get(), n, nullptr);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectSameBits(dense, d_dense.Download(), "dense");  // distinct indices: exact
+
+  // Repeated indices: float atomics add in any order, so compare with a tolerance.
+  std::vector<uint32_t> rep(m);
+  for (size_t j = 0; j < m; ++j) rep[j] = static_cast<uint32_t>(j % 17);
+  d_idx.Upload(rep);
+  ASSERT_TRUE(Cpu().ScatterAdd(rep.data(), val.data(), m, dense.data(), n, nullptr).ok());
+  ASSERT_TRUE(Gpu().ScatterAdd(d_idx.get(), d_val.get(), m, d_dense.get(), n, nullptr).ok());
+  std::vector<float> got = d_dense.Download();
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], dense[i], 1e-3f) << i;
+
+  rep[5] = static_cast<uint32_t>(n + 3);
+  d_idx.Upload(rep);
+  s = Gpu().ScatterAdd(d_idx.get(), d_val.get(), m, d_dense.get(), n, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("idx[5] is 50003 but n is 50000"), std::string::npos)
+      << s.message();
+}
+
+TEST(CudaKernels, CastsMatchCpu) {
+  PSD_SKIP_WITHOUT_GPU();
+  const size_t n = 100001;
+  std::vector<float> src = RandomFloats(n, 3, 1000.0f);
+  DeviceBuffer<float> d_src(src), d_back(n);
+  DeviceBuffer<uint16_t> d_half(n);
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    std::vector<uint16_t> half(n);
+    std::vector<float> back(n);
+    ASSERT_TRUE(Cpu().Cast(src.data(), DType::kFloat32, half.data(), t, n, nullptr).ok());
+    ASSERT_TRUE(Cpu().Cast(half.data(), t, back.data(), DType::kFloat32, n, nullptr).ok());
+    ASSERT_TRUE(Gpu().Cast(d_src.get(), DType::kFloat32, d_half.get(), t, n, nullptr).ok());
+    ASSERT_TRUE(Gpu().Cast(d_half.get(), t, d_back.get(), DType::kFloat32, n, nullptr).ok());
+    ASSERT_EQ(d_half.Download(), half) << DTypeName(t);
+    ExpectSameBits(back, d_back.Download(), "widened");
+  }
+}
+
+TEST(CudaKernels, PackUnpackRoundTrip) {
+  PSD_SKIP_WITHOUT_GPU();
+  std::vector<float> a = RandomFloats(1000, 4), b = RandomFloats(3, 5), c = RandomFloats(777, 6);
+  DeviceBuffer<float> da(a), db(b), dc(c), fused(a.size() + b.size() + c.size());
+  ASSERT_TRUE(Gpu().Pack({{da.get(), a.size() * 4}, {db.get(), 0}, {db.get(), b.size() * 4},
+                          {dc.get(), c.size() * 4}},
+                         fused.get(), nullptr)
+                  .ok());
+  std::vector<float> want = a;
+  want.insert(want.end(), b.begin(), b.end());
+  want.insert(want.end(), c.begin(), c.end());
+  ExpectSameBits(want, fused.Download(), "packed");
+  DeviceBuffer<float> ra(a.size()), rb(b.size()), rc(c.size());
+  ASSERT_TRUE(Gpu().Unpack(fused.get(), {{ra.get(), a.size() * 4}, {rb.get(), b.size() * 4},
+                                         {rc.get(), c.size() * 4}},
+                           nullptr)
+                  .ok());
+  ExpectSameBits(a, ra.Download(), "a");
+  ExpectSameBits(b, rb.Download(), "b");
+  ExpectSameBits(c, rc.Download(), "c");
+}
+
+TEST(CudaKernels, OptimizerStepsAndSumIntoMatchCpu) {
+  PSD_SKIP_WITHOUT_GPU();
+  const size_t n = 30011, stride = 30016;
+  const int num = 3;
+  std::vector<float> grads = RandomFloats(stride * num, 9);
+  DeviceBuffer<float> d_grads(grads);
+  for (bool nesterov : {false, true}) {
+    std::vector<float> p = RandomFloats(n, 10), vel = RandomFloats(n, 11);
+    DeviceBuffer<float> dp(p), dv(vel);
+    SgdParams sp;
+    sp.lr = 0.05f;
+    sp.momentum = 0.9f;
+    sp.weight_decay = 1e-4f;
+    sp.nesterov = nesterov;
+    ASSERT_TRUE(Cpu().SgdStep(p.data(), grads.data(), num, stride, 1.0f / 3, vel.data(), n, sp,
+                              nullptr)
+                    .ok());
+    ASSERT_TRUE(
+        Gpu().SgdStep(dp.get(), d_grads.get(), num, stride, 1.0f / 3, dv.get(), n, sp, nullptr)
+            .ok());
+    ExpectSameBits(p, dp.Download(), "sgd param");
+    ExpectSameBits(vel, dv.Download(), "sgd velocity");
+  }
+  std::vector<float> p = RandomFloats(n, 12), m = RandomFloats(n, 13, 0.1f), v(n);
+  for (auto& x : v) x = std::abs(RandomFloats(1, 14)[0]) * 0.01f + 1e-6f;
+  DeviceBuffer<float> dp(p), dm(m), dv(v);
+  AdamParams ap;
+  ap.step = 7;
+  ap.weight_decay = 0.01f;
+  ASSERT_TRUE(Cpu().AdamStep(p.data(), grads.data(), num, stride, 0.5f, m.data(), v.data(), n,
+                             ap, nullptr)
+                  .ok());
+  ASSERT_TRUE(Gpu().AdamStep(dp.get(), d_grads.get(), num, stride, 0.5f, dm.get(), dv.get(), n,
+                             ap, nullptr)
+                  .ok());
+  ExpectSameBits(p, dp.Download(), "adam param");
+  ExpectSameBits(m, dm.Download(), "adam m");
+  ExpectSameBits(v, dv.Download(), "adam v");
+
+  std::vector<float> sum(n);
+  DeviceBuffer<float> dsum(n);
+  ASSERT_TRUE(Cpu().SumInto(sum.data(), grads.data(), num, stride, n, nullptr).ok());
+  ASSERT_TRUE(Gpu().SumInto(dsum.get(), d_grads.get(), num, stride, n, nullptr).ok());
+  ExpectSameBits(sum, dsum.Download(), "sum");
+}
+
+TEST(CudaKernels, SufficientFactorGemmMatchesCpu) {
+  PSD_SKIP_WITHOUT_GPU();
+  const size_t rows = 24, m = 130, n = 77;
+  std::vector<float> u = RandomFloats(rows * m, 15), v = RandomFloats(rows * n, 16);
+  std::vector<float> g = RandomFloats(m * n, 17);
+  DeviceBuffer<float> du(u), dv(v), dg(g);
+  ASSERT_TRUE(
+      Cpu().SufficientFactorGemm(u.data(), v.data(), rows, m, n, 0.25f, 1.0f, g.data(), nullptr)
+          .ok());
+  Status s = Gpu().SufficientFactorGemm(du.get(), dv.get(), rows, m, n, 0.25f, 1.0f, dg.get(),
+                                        nullptr);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::vector<float> got = dg.Download();
+  // Summation order inside the GEMMs differs (BLAS vs cuBLAS blocking): float32 tolerance.
+  for (size_t i = 0; i < m * n; ++i) ASSERT_NEAR(got[i], g[i], 1e-4f * (1.0f + std::abs(g[i])));
+}
+
+}  // namespace
+}  // namespace poseidon
