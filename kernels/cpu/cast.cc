@@ -20,15 +20,26 @@ namespace poseidon {
 namespace cpu {
 namespace {
 
+// Branch-free select (all-ones mask when cond): keeps the loops free of control flow, which the
+// vectorizer needs (a ternary lets GCC sink the float add into a branch it then cannot undo).
+inline uint32_t Select(bool cond, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(cond);
+  return (a & mask) | (b & ~mask);
+}
+
+// Wider clones of the cast loops, picked at load time from the CPU's features (no -march
+// needed, and valgrind, which hides AVX-512, gets the AVX2 clone).
+#define kCastClones __attribute__((target_clones("avx512f", "avx2", "default")))
+
 inline uint16_t FloatToHalfSelect(float f) {
   const uint32_t u = FloatBits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t absu = u & 0x7fffffffu;
   const uint32_t normal = (absu + 0xfffu + ((absu >> 13) & 1u) - 0x38000000u) >> 13;
   const uint32_t sub = FloatBits(BitsToFloat(absu) + 0.5f) - 0x3f000000u;
-  uint32_t h = absu < 0x38800000u ? sub : normal;
-  h = absu >= 0x477ff000u ? 0x7c00u : h;
-  h = absu > 0x7f800000u ? 0x7e00u : h;
+  uint32_t h = Select(absu < 0x38800000u, sub, normal);
+  h = Select(absu >= 0x477ff000u, 0x7c00u, h);
+  h = Select(absu > 0x7f800000u, 0x7e00u, h);
   return static_cast<uint16_t>(sign | h);
 }
 
@@ -38,8 +49,8 @@ inline float HalfToFloatSelect(uint16_t h) {
   const uint32_t normal = (em << 13) + (112u << 23);   // exponent 1..30: rebias by 127 - 15
   const uint32_t special = (em << 13) + (224u << 23);  // exponent 31: inf / NaN keep mantissa
   const uint32_t sub = FloatBits(static_cast<float>(em) * 0x1p-24f);
-  uint32_t bits = em < 0x400u ? sub : normal;
-  bits = em >= 0x7c00u ? special : bits;
+  uint32_t bits = Select(em < 0x400u, sub, normal);
+  bits = Select(em >= 0x7c00u, special, bits);
   return BitsToFloat(sign | bits);
 }
 
@@ -47,19 +58,19 @@ inline uint16_t FloatToBFloat16Select(float f) {
   const uint32_t u = FloatBits(f);
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const uint32_t nan = (u >> 16) | 0x40u;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  return static_cast<uint16_t>(Select((u & 0x7fffffffu) > 0x7f800000u, nan, rounded));
 }
 
-void F32ToF16(const float* __restrict src, uint16_t* __restrict dst, size_t count) {
+kCastClones void F32ToF16(const float* __restrict src, uint16_t* __restrict dst, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = FloatToHalfSelect(src[i]);
 }
-void F16ToF32(const uint16_t* __restrict src, float* __restrict dst, size_t count) {
+kCastClones void F16ToF32(const uint16_t* __restrict src, float* __restrict dst, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = HalfToFloatSelect(src[i]);
 }
-void F32ToBf16(const float* __restrict src, uint16_t* __restrict dst, size_t count) {
+kCastClones void F32ToBf16(const float* __restrict src, uint16_t* __restrict dst, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = FloatToBFloat16Select(src[i]);
 }
-void Bf16ToF32(const uint16_t* __restrict src, float* __restrict dst, size_t count) {
+kCastClones void Bf16ToF32(const uint16_t* __restrict src, float* __restrict dst, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = BitsToFloat(static_cast<uint32_t>(src[i]) << 16);
 }
 
