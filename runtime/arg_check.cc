@@ -7,7 +7,7 @@
 namespace poseidon {
 
 uint64_t HashCounts(const std::vector<size_t>& counts) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the values
+  uint64_t h = 14695981039346656037ull;  // FNV-1a over the values
   for (size_t c : counts) {
     for (int i = 0; i < 8; ++i) {
       h ^= (static_cast<uint64_t>(c) >> (8 * i)) & 0xffu;
