@@ -1,0 +1,799 @@
+// The engine thread's cycle (see engine.h for the contract):
+//   1. Take new submissions (under mu_) into per-layer FIFO queues; sleep up to the cycle time
+//      first when the previous cycle ran nothing and nothing new arrived.
+//   2. Fill the negotiation vector: the head of each non-empty queue marks its layer ready and
+//      contributes its descriptor hash; flags for a local error, a stall past the warn / abort
+//      limits, a requested shutdown.
+//   3. MPI_Iallreduce(BOR) of the vector, polled with growing sleeps (no spinning).
+//   4. Decide from the reduced vector (identical on every rank):
+//        error flag        -> gather every rank's error text, fail everywhere;
+//        hash mismatch     -> gather every rank's waiting descriptors, fail with kMismatch;
+//        stall warn/abort  -> gather the ready masks; rank 0 logs, or fail with kTimeout;
+//        shutdown flag     -> fail what is pending with kAborted and stop;
+//        otherwise run the layers ready everywhere, lowest index first (fusion.h decides
+//        fused / chunked / direct / strategy).
+//   5. Complete handles as their op finishes; publish timeline records.
+// Every gather in step 4 is collective, and all ranks enter it because they read the same
+// reduced flags: that is how a disagreement becomes an error on every rank instead of a hang.
+#include "runtime/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "kernels/kernels.h"
+#include "runtime/engine/fusion.h"
+#include "runtime/log.h"
+#include "runtime/mpi_backend.h"
+#include "runtime/settings.h"
+
+namespace poseidon {
+
+using engine::Descriptor;
+using engine::NegotiationVector;
+using engine::Timeline;
+
+namespace {
+
+double NowUs() { return Timeline::NowUs(); }
+
+void SleepUs(long long us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// EngineOptions
+
+Result<EngineOptions> EngineOptions::FromSettings() {
+  PSD_CHECK(Settings::Global().Validate());
+  EngineOptions o;
+  o.fusion_bytes = settings::FusionBytes();
+  o.chunk_bytes = settings::ChunkBytes();
+  o.stall_warn_s = settings::StallWarnS();
+  o.stall_abort_s = settings::StallAbortS();
+  o.cycle_us = settings::CycleUs();
+  o.timeline = settings::Timeline();
+  PSD_CHECK(o.Validate());
+  return o;
+}
+
+Status EngineOptions::Validate() const {
+  PSD_REQUIRE_ARG(fusion_bytes >= 0, "Engine: POSEIDON_FUSION_BYTES=", fusion_bytes,
+                  "; expected >= 0 (0 disables fusion)");
+  PSD_REQUIRE_ARG(chunk_bytes >= 0, "Engine: POSEIDON_CHUNK_BYTES=", chunk_bytes,
+                  "; expected >= 0 (0 disables chunking)");
+  PSD_REQUIRE_ARG(std::isfinite(stall_warn_s) && stall_warn_s >= 0,
+                  "Engine: POSEIDON_STALL_WARN_S=", stall_warn_s,
+                  "; expected a finite number of seconds >= 0 (0 disables the warning)");
+  PSD_REQUIRE_ARG(std::isfinite(stall_abort_s) && stall_abort_s >= 0,
+                  "Engine: POSEIDON_STALL_ABORT_S=", stall_abort_s,
+                  "; expected a finite number of seconds >= 0 (0 disables the abort)");
+  PSD_REQUIRE_ARG(cycle_us >= 1 && cycle_us <= 1000000, "Engine: POSEIDON_CYCLE_US=", cycle_us,
+                  "; expected 1 to 1000000 microseconds");
+  PSD_REQUIRE_ARG(memory == MemoryKind::kHost || memory == MemoryKind::kDevice,
+                  "Engine: memory kind ", static_cast<int>(memory), "; expected host or device");
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handle
+
+Handle::Handle(int layer, int64_t step, std::string layer_name)
+    : layer_(layer), step_(step), layer_name_(std::move(layer_name)) {}
+
+Status Handle::Wait(double timeout_s) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto done = [&] { return done_.load(std::memory_order_acquire); };
+  if (timeout_s < 0) {
+    cv_.wait(lock, done);
+  } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), done)) {
+    return TimeoutError("Handle::Wait: layer ", layer_, " (", layer_name_, ") step ", step_,
+                        " is not complete after ", timeout_s,
+                        " s; the exchange goes on (wait again, or raise the timeout)");
+  }
+  return status_;
+}
+
+Status Handle::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_.load(std::memory_order_acquire)) {
+    return UnavailableError("Handle::status: layer ", layer_, " (", layer_name_, ") step ",
+                            step_, " is still pending; expected Test() to be true first");
+  }
+  return status_;
+}
+
+void Handle::Complete(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_.load(std::memory_order_relaxed)) return;
+    status_ = s;
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  // Only the first completer gets here, so the callback runs exactly once.
+  if (callback_) {
+    DoneCallback cb = std::move(callback_);
+    callback_ = nullptr;
+    cb(s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine: creation, submission, shutdown
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Communicator> comm,
+                                               HybridCollective* collective) {
+  PSD_ASSIGN_OR_RETURN(EngineOptions options, EngineOptions::FromSettings());
+  return Create(std::move(comm), collective, options);
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Communicator> comm,
+                                               HybridCollective* collective,
+                                               const EngineOptions& options) {
+  PSD_REQUIRE_ARG(comm != nullptr, "Engine::Create: communicator is null");
+  PSD_REQUIRE_ARG(collective != nullptr, "Engine::Create: collective is null");
+  PSD_REQUIRE_ARG(collective->has_plan(), "Engine::Create: the HybridCollective has no plan; "
+                  "expected BuildPlan(batch) to have run on every rank first");
+  PSD_REQUIRE_ARG(collective->world() == comm->size(), "Engine::Create: the collective spans ",
+                  collective->world(), " ranks but the communicator ", comm->size(),
+                  "; expected the communicator the collective was made on");
+  PSD_CHECK(options.Validate());
+  const int level = comm->mpi_thread_level();
+  PSD_REQUIRE(level >= MPI_THREAD_SERIALIZED, StatusCode::kUnavailable,
+              "Engine::Create: MPI provides thread level ", level,
+              " but the engine's background thread needs at least MPI_THREAD_SERIALIZED (",
+              MPI_THREAD_SERIALIZED, "); initialize MPI with poseidon::InitMpi or "
+              "MPI_Init_thread(MPI_THREAD_MULTIPLE)");
+  if (level < MPI_THREAD_MULTIPLE && comm->rank() == 0) {
+    PSD_LOG(kWarn, "Engine: MPI provides only MPI_THREAD_SERIALIZED: no other thread may call "
+                   "MPI while the engine runs");
+  }
+  std::unique_ptr<Engine> e(new Engine(std::move(comm), collective, options));
+  if (!options.timeline.empty()) {
+    PSD_ASSIGN_OR_RETURN(e->timeline_,
+                         Timeline::Open(options.timeline, e->comm_->rank(), e->comm_->size()));
+    for (int l = 0; l < e->num_layers_; ++l) e->timeline_->SetLayerName(l, e->layer_names_[l]);
+  }
+  e->thread_ = std::thread([p = e.get()] { p->Loop(); });
+  return e;
+}
+
+Engine::Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
+               const EngineOptions& options)
+    : comm_(std::move(comm)),
+      hc_(collective),
+      options_(options),
+      num_layers_(collective->num_layers()),
+      queues_(static_cast<size_t>(num_layers_)),
+      stall_since_us_(static_cast<size_t>(num_layers_), -1.0),
+      stall_warned_(static_cast<size_t>(num_layers_), false),
+      send_vec_(std::make_unique<NegotiationVector>(num_layers_)),
+      recv_vec_(std::make_unique<NegotiationVector>(num_layers_)) {
+  for (int l = 0; l < num_layers_; ++l) {
+    const LayerSpec& spec = hc_->layer(l);
+    layer_names_.push_back(spec.name);
+    layer_count_.push_back(spec.NumElements());
+    layer_dtype_.push_back(spec.dtype);
+    layer_optimizer_.push_back(spec.optimizer.enabled());
+    layer_strategy_.push_back(hc_->strategy(l));
+  }
+}
+
+Engine::~Engine() { (void)Shutdown(); }
+
+std::string Engine::LayerName(int layer) const {
+  if (layer < 0 || layer >= num_layers_) return "?";
+  return layer_names_[static_cast<size_t>(layer)];
+}
+
+HandlePtr Engine::Submit(int layer, float* grad, size_t count, int64_t step, DoneCallback done) {
+  Gradient g;
+  g.data = grad;
+  g.count = count;
+  return Submit(layer, g, step, std::move(done));
+}
+
+HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallback done) {
+  auto h = std::make_shared<Handle>(layer, step, LayerName(layer));
+  h->callback_ = std::move(done);
+  // Local checks: what only this rank can see. Agreement (count, dtype, order) is checked
+  // across ranks by the engine, so that the error names every side.
+  std::string err;
+  const bool in_range = layer >= 0 && layer < num_layers_;
+  if (!in_range) {
+    err = StrCat("Engine::Submit: layer id ", layer, " is out of range; expected 0..",
+                 num_layers_ - 1, " (the layers registered with the HybridCollective)");
+  } else {
+    const size_t n = layer_count_[static_cast<size_t>(layer)];
+    const bool factors = g.u != nullptr || g.v != nullptr;
+    if (n > 0 && g.data == nullptr) {
+      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
+                   ": gradient buffer is null; expected ", n, " elements");
+    } else if (factors && (g.u == nullptr || g.v == nullptr) && g.batch > 0) {
+      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
+                   ": only one of the factors u, v is set; expected both or neither");
+    } else if (layer_optimizer_[static_cast<size_t>(layer)] && n > 0 && g.params == nullptr) {
+      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
+                   ": params is null but the layer has an optimizer; expected ", n, " floats");
+    } else if (step < 0) {
+      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
+                   ": expected a step >= 0");
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!sticky_.ok() || stopped_ || shutdown_requested_) {
+    Status s = !sticky_.ok() ? sticky_
+                             : AbortedError("Engine::Submit: the engine was shut down");
+    lock.unlock();
+    h->Complete(Status(s.code(), StrCat("layer ", layer, " (", LayerName(layer), ") step ",
+                                        step, ": ", s.message())));
+    return h;
+  }
+  if (!err.empty()) {
+    // The other ranks will wait for this submission: report it so that they fail too.
+    local_errors_.push_back(StrCat("invalid submission: ", err));
+    lock.unlock();
+    cv_.notify_one();
+    h->Complete(InvalidArgument(err));
+    return h;
+  }
+  Entry e;
+  e.handle = h;
+  e.grad = g;
+  e.desc.layer = layer;
+  e.desc.seq = next_seq_++;
+  e.desc.step = step;
+  e.desc.count = static_cast<int64_t>(g.count);
+  e.desc.dtype = static_cast<int64_t>(g.dtype);
+  e.desc.strategy = static_cast<int64_t>(layer_strategy_[static_cast<size_t>(layer)]);
+  e.desc.factors = (g.u != nullptr && g.v != nullptr) ? 1 : 0;
+  e.submit_us = NowUs();
+  incoming_.push_back(std::move(e));
+  lock.unlock();
+  cv_.notify_one();
+  return h;
+}
+
+Status Engine::Shutdown() {
+  std::lock_guard<std::mutex> serial(shutdown_mu_);
+  if (thread_.joinable() && std::this_thread::get_id() == thread_.get_id()) {
+    return InvalidArgument("Engine::Shutdown: called from the engine thread (a completion "
+                           "callback); expected a user thread");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (timeline_) {
+    Status t = timeline_->Close();
+    if (!t.ok()) PSD_LOG(kWarn, t.message());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return clean_shutdown_ ? Status::Ok() : sticky_;
+}
+
+Status Engine::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sticky_.ok() && (stopped_ || shutdown_requested_)) {
+    return AbortedError("Engine: the engine was shut down");
+  }
+  return sticky_;
+}
+
+bool Engine::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !stopped_;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.cycles = counters_.cycles.load();
+  s.completed = counters_.completed.load();
+  s.fused_groups = counters_.fused_groups.load();
+  s.fused_layers = counters_.fused_layers.load();
+  s.chunked_layers = counters_.chunked_layers.load();
+  s.chunks = counters_.chunks.load();
+  s.direct_layers = counters_.direct_layers.load();
+  s.strategy_layers = counters_.strategy_layers.load();
+  s.stall_warnings = counters_.stall_warnings.load();
+  return s;
+}
+
+std::string Engine::timeline_file() const { return timeline_ ? timeline_->file() : ""; }
+
+// ---------------------------------------------------------------------------------------------
+// Engine thread
+
+void Engine::Loop() {
+  while (Cycle()) {
+  }
+  if (timeline_) timeline_->Publish();
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+}
+
+void Engine::Fail(const Status& s, bool clean) {
+  std::vector<Entry> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sticky_.ok()) {
+      sticky_ = s;
+      clean_shutdown_ = clean;
+    }
+    // Taken in the same critical section that sets sticky_: a later Submit sees the error.
+    for (auto& e : incoming_) pending.push_back(std::move(e));
+    incoming_.clear();
+  }
+  for (auto& q : queues_) {
+    for (auto& e : q) pending.push_back(std::move(e));
+    q.clear();
+  }
+  for (auto& e : pending) {
+    e.handle->Complete(Status(s.code(), StrCat("layer ", e.desc.layer, " (",
+                                               LayerName(static_cast<int>(e.desc.layer)),
+                                               ") step ", e.desc.step, ": ", s.message())));
+  }
+}
+
+bool Engine::Cycle() {
+  // 1. New submissions.
+  bool shutdown = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ran_last_cycle_ && incoming_.empty() && local_errors_.empty() && !shutdown_requested_) {
+      cv_.wait_for(lock, std::chrono::microseconds(options_.cycle_us), [&] {
+        return !incoming_.empty() || !local_errors_.empty() || shutdown_requested_;
+      });
+    }
+    for (auto& e : incoming_) queues_[static_cast<size_t>(e.desc.layer)].push_back(std::move(e));
+    incoming_.clear();
+    for (auto& m : local_errors_) {
+      exec_error_ += (exec_error_.empty() ? "" : "; ") + m;
+      if (exec_error_code_ == StatusCode::kOk) exec_error_code_ = StatusCode::kInvalidArgument;
+    }
+    local_errors_.clear();
+    shutdown = shutdown_requested_;
+  }
+
+  // 2. This rank's contribution.
+  NegotiationVector& send = *send_vec_;
+  send.Clear();
+  const double now = NowUs();
+  for (int l = 0; l < num_layers_; ++l) {
+    const auto& q = queues_[static_cast<size_t>(l)];
+    if (!q.empty()) send.SetReady(l, q.front().desc.Hash());
+    const double since = stall_since_us_[static_cast<size_t>(l)];
+    if (since < 0) continue;
+    const double waited_s = (now - since) * 1e-6;
+    if (options_.stall_warn_s > 0 && waited_s >= options_.stall_warn_s &&
+        !stall_warned_[static_cast<size_t>(l)]) {
+      send.SetFlag(engine::kFlagStallWarn);
+    }
+    if (options_.stall_abort_s > 0 && waited_s >= options_.stall_abort_s) {
+      send.SetFlag(engine::kFlagStallAbort);
+    }
+  }
+  if (!exec_error_.empty()) send.SetFlag(engine::kFlagError);
+  if (shutdown) send.SetFlag(engine::kFlagShutdown);
+
+  // 3. One reduction.
+  Status ns = Negotiate();
+  if (!ns.ok()) {
+    Fail(ns, false);
+    return false;
+  }
+  counters_.cycles.fetch_add(1, std::memory_order_relaxed);
+  const NegotiationVector& r = *recv_vec_;
+
+  // 4. Decisions every rank takes alike.
+  if (r.flag(engine::kFlagError)) {
+    Fail(GatherErrors(), false);
+    return false;
+  }
+  std::vector<int> mismatched, ready, stalled;
+  for (int l = 0; l < num_layers_; ++l) {
+    const bool everywhere = r.ReadyEverywhere(l);
+    const bool somewhere = r.ReadySomewhere(l);
+    if (everywhere && !r.HashAgrees(l)) mismatched.push_back(l);
+    if (everywhere) ready.push_back(l);
+    double& since = stall_since_us_[static_cast<size_t>(l)];
+    if (somewhere && !everywhere) {
+      if (since < 0) since = now;
+      stalled.push_back(l);
+    } else {
+      since = -1;
+      stall_warned_[static_cast<size_t>(l)] = false;
+    }
+  }
+  if (!mismatched.empty()) {
+    Fail(GatherMismatch(mismatched), false);
+    return false;
+  }
+  const bool stall_abort = r.flag(engine::kFlagStallAbort);
+  if ((stall_abort || r.flag(engine::kFlagStallWarn)) && !stalled.empty()) {
+    Result<std::string> what = GatherStall(stalled);
+    if (!what.ok()) {
+      Fail(what.status(), false);
+      return false;
+    }
+    if (stall_abort) {
+      Fail(TimeoutError("Engine: stall abort: layers submitted on some ranks but not on others "
+                        "for more than POSEIDON_STALL_ABORT_S=", options_.stall_abort_s,
+                        " s: ", *what,
+                        " (a rank skipped a layer, stopped submitting, or is far behind)"),
+           false);
+      return false;
+    }
+    counters_.stall_warnings.fetch_add(1, std::memory_order_relaxed);
+    for (int l : stalled) stall_warned_[static_cast<size_t>(l)] = true;
+    if (comm_->rank() == 0) {
+      PSD_LOG(kWarn, "Engine: stall: waiting more than POSEIDON_STALL_WARN_S=",
+              options_.stall_warn_s, " s: ", *what,
+              (options_.stall_abort_s > 0
+                   ? StrCat("; the engine fails after POSEIDON_STALL_ABORT_S=",
+                            options_.stall_abort_s, " s")
+                   : std::string()));
+    }
+  }
+  if (r.flag(engine::kFlagShutdown)) {
+    Fail(AbortedError("the engine was shut down (Engine::Shutdown on some rank) before this "
+                      "submission was exchanged"),
+         true);
+    return false;
+  }
+
+  // 5. Run what every rank has.
+  ran_last_cycle_ = !ready.empty();
+  if (!ready.empty()) RunReady(ready);
+  if (timeline_) timeline_->Publish();
+  return true;
+}
+
+Status Engine::Negotiate() {
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Iallreduce(send_vec_->data(), recv_vec_->data(), send_vec_->size(),
+                          MPI_UINT64_T, MPI_BOR, comm_->mpi_comm(), &req);
+  if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Iallreduce (negotiation)", rc);
+  // The other ranks may be asleep for up to one cycle, or busy in user code: poll with growing
+  // sleeps so that oversubscribed ranks leave the cores to those doing work.
+  const double start = NowUs();
+  long long sleep_us = 0;
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Test (negotiation)", rc);
+    if (done) return Status::Ok();
+    if (polls < 8) {
+      std::this_thread::yield();
+      continue;
+    }
+    sleep_us = std::min<long long>(std::max<long long>(2 * sleep_us, 10), 500);
+    SleepUs(sleep_us);
+    const double waited_s = (NowUs() - start) * 1e-6;
+    // Stalls are normally caught by the cycle's flags; this catches a rank whose engine
+    // stopped answering altogether (process gone, engine never created, stuck in an exchange).
+    if (options_.stall_abort_s > 0 && waited_s > 2 * options_.stall_abort_s + 5) {
+      // MPI still owns the buffers of the abandoned request: keep them alive forever.
+      (void)send_vec_.release();
+      (void)recv_vec_.release();
+      return TimeoutError("Engine: rank ", comm_->rank(), ": the other ranks' engines did not "
+                          "answer the negotiation for ", waited_s,
+                          " s (a rank exited, never created its engine, or is stuck); "
+                          "limit 2 x POSEIDON_STALL_ABORT_S + 5 s");
+    }
+  }
+}
+
+Status Engine::GatherErrors() {
+  MPI_Comm comm = comm_->mpi_comm();
+  const int world = comm_->size();
+  int mine[2] = {static_cast<int>(exec_error_code_), static_cast<int>(exec_error_.size())};
+  std::vector<int> all(2 * static_cast<size_t>(world));
+  int rc = MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm);
+  if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Allgather (errors)", rc);
+  std::vector<int> counts(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
+  int total = 0;
+  for (int i = 0; i < world; ++i) {
+    counts[static_cast<size_t>(i)] = all[2 * static_cast<size_t>(i) + 1];
+    displs[static_cast<size_t>(i)] = total;
+    total += counts[static_cast<size_t>(i)];
+  }
+  std::string text(static_cast<size_t>(total), '\0');
+  rc = MPI_Allgatherv(exec_error_.data(), mine[1], MPI_CHAR, text.data(), counts.data(),
+                      displs.data(), MPI_CHAR, comm);
+  if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Allgatherv (errors)", rc);
+  std::vector<int> ranks;
+  std::string detail;
+  StatusCode code = StatusCode::kOk;
+  for (int i = 0; i < world; ++i) {
+    if (counts[static_cast<size_t>(i)] == 0) continue;
+    ranks.push_back(i);
+    if (code == StatusCode::kOk) code = static_cast<StatusCode>(all[2 * static_cast<size_t>(i)]);
+    detail += StrCat(detail.empty() ? "" : "; ", "rank ", i, ": ",
+                     text.substr(static_cast<size_t>(displs[static_cast<size_t>(i)]),
+                                 static_cast<size_t>(counts[static_cast<size_t>(i)])));
+  }
+  if (code == StatusCode::kOk) code = StatusCode::kInternal;
+  return Status(code, StrCat("Engine: failed on rank", ranks.size() > 1 ? "s " : " ",
+                             engine::RankList(ranks), ": ", detail));
+}
+
+Status Engine::GatherMismatch(const std::vector<int>& layers) {
+  MPI_Comm comm = comm_->mpi_comm();
+  const int world = comm_->size();
+  std::vector<int64_t> mine;
+  for (const auto& q : queues_) {
+    if (q.empty()) continue;
+    int64_t w[Descriptor::kWords];
+    q.front().desc.ToWords(w);
+    mine.insert(mine.end(), w, w + Descriptor::kWords);
+  }
+  int n = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
+  int rc = MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm);
+  if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Allgather (descriptors)", rc);
+  int total = 0;
+  for (int i = 0; i < world; ++i) {
+    displs[static_cast<size_t>(i)] = total;
+    total += counts[static_cast<size_t>(i)];
+  }
+  std::vector<int64_t> all(static_cast<size_t>(std::max(total, 1)));
+  rc = MPI_Allgatherv(mine.data(), n, MPI_INT64_T, all.data(), counts.data(), displs.data(),
+                      MPI_INT64_T, comm);
+  if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Allgatherv (descriptors)", rc);
+  std::vector<std::vector<Descriptor>> per_rank(static_cast<size_t>(world));
+  for (int i = 0; i < world; ++i) {
+    for (int k = 0; k < counts[static_cast<size_t>(i)]; k += Descriptor::kWords) {
+      per_rank[static_cast<size_t>(i)].push_back(
+          Descriptor::FromWords(&all[static_cast<size_t>(displs[static_cast<size_t>(i)] + k)]));
+    }
+  }
+  return MismatchError(
+      "Engine: ranks submitted different work: ",
+      engine::DescribeMismatch(per_rank, layers, [this](int l) { return LayerName(l); }),
+      ". Every rank must submit the same layers in the same order with the same element count, "
+      "dtype and step");
+}
+
+Result<std::string> Engine::GatherStall(const std::vector<int>& layers) {
+  const int world = comm_->size();
+  std::vector<uint64_t> mine = send_vec_->MaskWords();
+  const int w = static_cast<int>(mine.size());
+  std::vector<uint64_t> all(static_cast<size_t>(w) * static_cast<size_t>(world));
+  int rc = MPI_Allgather(mine.data(), w, MPI_UINT64_T, all.data(), w, MPI_UINT64_T,
+                         comm_->mpi_comm());
+  if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Allgather (stall masks)", rc);
+  std::vector<std::vector<uint64_t>> masks(static_cast<size_t>(world));
+  for (int i = 0; i < world; ++i) {
+    masks[static_cast<size_t>(i)].assign(all.begin() + i * w, all.begin() + (i + 1) * w);
+  }
+  return engine::DescribeStall(masks, layers, [this](int l) { return LayerName(l); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running the agreed layers
+
+void Engine::Record(const Entry& e, const char* name, double begin_us, double end_us) {
+  if (timeline_) timeline_->Span(static_cast<int>(e.desc.layer), name, e.desc.step, begin_us,
+                                 end_us);
+}
+
+void Engine::Finish(Entry* e, const Status& s) {
+  if (timeline_) {
+    timeline_->Instant(static_cast<int>(e->desc.layer), s.ok() ? "done" : "failed",
+                       e->desc.step, NowUs());
+  }
+  if (s.ok()) {
+    counters_.completed.fetch_add(1, std::memory_order_relaxed);
+  } else if (!in_agreed_check_) {
+    // A failure inside an exchange may be this rank's alone: report it next cycle so that
+    // every rank stops together.
+    exec_error_ += StrCat(exec_error_.empty() ? "" : "; ", "layer ", e->desc.layer, " (",
+                          LayerName(static_cast<int>(e->desc.layer)), ") step ", e->desc.step,
+                          ": ", s.message());
+    if (exec_error_code_ == StatusCode::kOk) exec_error_code_ = s.code();
+  }
+  e->handle->Complete(s);
+}
+
+void Engine::RunReady(const std::vector<int>& layers) {
+  // Take the heads; check them against the layer (the same verdict on every rank: the
+  // descriptors agree).
+  std::vector<Entry> entries;
+  std::vector<engine::WorkItem> items;
+  const bool host = options_.memory == MemoryKind::kHost;
+  for (int l : layers) {
+    auto& q = queues_[static_cast<size_t>(l)];
+    Entry e = std::move(q.front());
+    q.pop_front();
+    const double start = NowUs();
+    if (timeline_) {
+      timeline_->Instant(l, "submit", e.desc.step, e.submit_us);
+      Record(e, "queue", e.submit_us, start);
+    }
+    const size_t n = layer_count_[static_cast<size_t>(l)];
+    const DType dt = layer_dtype_[static_cast<size_t>(l)];
+    Status bad;
+    if (e.desc.count != static_cast<int64_t>(n)) {
+      bad = InvalidArgument("Engine::Submit: layer ", l, " (", LayerName(l), ") step ",
+                            e.desc.step, ": count ", e.desc.count, " on every rank, but the "
+                            "layer has ", n, " elements; expected ", n);
+    } else if (static_cast<DType>(e.desc.dtype) != dt) {
+      bad = InvalidArgument("Engine::Submit: layer ", l, " (", LayerName(l), ") step ",
+                            e.desc.step, ": dtype ", DTypeName(static_cast<DType>(e.desc.dtype)),
+                            " on every rank, but the layer is ", DTypeName(dt), "; expected ",
+                            DTypeName(dt));
+    }
+    if (!bad.ok()) {
+      // Agreed by every rank, and nothing was exchanged: fail this handle only.
+      in_agreed_check_ = true;
+      Finish(&e, bad);
+      in_agreed_check_ = false;
+      continue;
+    }
+    engine::WorkItem item;
+    item.layer = l;
+    item.bytes = n * DTypeSize(dt);
+    item.fusible = host && dt == DType::kFloat32 &&
+                   layer_strategy_[static_cast<size_t>(l)] == StrategyKind::kAllReduce &&
+                   !layer_optimizer_[static_cast<size_t>(l)] && e.desc.factors == 0;
+    items.push_back(item);
+    entries.push_back(std::move(e));
+  }
+  const auto ops = engine::PlanOps(items, options_.fusion_bytes, options_.chunk_bytes);
+  for (const auto& op : ops) {
+    switch (op.kind) {
+      case engine::OpKind::kFused: {
+        std::vector<Entry*> group;
+        for (size_t i : op.items) group.push_back(&entries[i]);
+        RunFused(group);
+        break;
+      }
+      case engine::OpKind::kChunked:
+        RunChunked(&entries[op.items[0]]);
+        break;
+      case engine::OpKind::kDirect:
+        RunDirect(&entries[op.items[0]]);
+        break;
+      case engine::OpKind::kStrategy:
+        RunStrategy(&entries[op.items[0]]);
+        break;
+    }
+  }
+}
+
+Status Engine::FinishAverage(float* data, size_t n) const {
+  // The same operation DenseAllReduce applies (grad *= 1/P in float32), so fused, chunked and
+  // unfused exchanges give bitwise identical results.
+  const float inv = 1.0f / static_cast<float>(comm_->size());
+  for (size_t i = 0; i < n; ++i) data[i] *= inv;
+  return Status::Ok();
+}
+
+void Engine::RunFused(std::vector<Entry*>& group) {
+  size_t total = 0;
+  std::vector<ConstByteRange> in;
+  std::vector<ByteRange> out;
+  for (Entry* e : group) {
+    const size_t bytes = static_cast<size_t>(e->desc.count) * sizeof(float);
+    in.push_back(ConstByteRange{e->grad.data, bytes});
+    out.push_back(ByteRange{e->grad.data, bytes});
+    total += static_cast<size_t>(e->desc.count);
+  }
+  if (fusion_buf_.size() < total) fusion_buf_.resize(total);
+  const Kernels& k = CpuKernels();
+  const double t0 = NowUs();
+  Status s = k.Pack(in, fusion_buf_.data(), nullptr);
+  const double t1 = NowUs();
+  if (s.ok()) {
+    auto req = comm_->host_backend().IAllReduce(fusion_buf_.data(), fusion_buf_.data(), total,
+                                                DType::kFloat32);
+    s = req.ok() ? (*req)->Wait() : req.status();
+  }
+  const double t2 = NowUs();
+  if (s.ok()) s = k.Unpack(fusion_buf_.data(), out, nullptr);
+  if (s.ok()) {
+    for (Entry* e : group) {
+      s = FinishAverage(static_cast<float*>(e->grad.data), static_cast<size_t>(e->desc.count));
+      if (!s.ok()) break;
+    }
+  }
+  const double t3 = NowUs();
+  counters_.fused_groups.fetch_add(1, std::memory_order_relaxed);
+  counters_.fused_layers.fetch_add(static_cast<int64_t>(group.size()), std::memory_order_relaxed);
+  for (Entry* e : group) {
+    Record(*e, "pack", t0, t1);
+    Record(*e, "allreduce(fused)", t1, t2);
+    Record(*e, "unpack+scale", t2, t3);
+    Finish(e, s.ok() ? s : s.WithPrefix("fused allreduce: "));
+  }
+}
+
+void Engine::RunDirect(Entry* e) {
+  float* data = static_cast<float*>(e->grad.data);
+  const size_t n = static_cast<size_t>(e->desc.count);
+  const double t0 = NowUs();
+  Status s;
+  if (n > 0) {
+    auto req = comm_->host_backend().IAllReduce(data, data, n, DType::kFloat32);
+    s = req.ok() ? (*req)->Wait() : req.status();
+  }
+  const double t1 = NowUs();
+  if (s.ok()) s = FinishAverage(data, n);
+  const double t2 = NowUs();
+  counters_.direct_layers.fetch_add(1, std::memory_order_relaxed);
+  Record(*e, "allreduce", t0, t1);
+  Record(*e, "scale", t1, t2);
+  Finish(e, s);
+}
+
+void Engine::RunChunked(Entry* e) {
+  // PHub-style pipeline: the allreduce of chunk i+1 is in flight while chunk i is scaled.
+  float* data = static_cast<float*>(e->grad.data);
+  const size_t n = static_cast<size_t>(e->desc.count);
+  const size_t chunk_elems =
+      std::max<size_t>(1, static_cast<size_t>(options_.chunk_bytes) / sizeof(float));
+  const auto ranges = engine::ChunkRanges(n, chunk_elems);
+  Backend& be = comm_->host_backend();
+  auto post = [&](size_t i) -> Result<std::unique_ptr<Request>> {
+    return be.IAllReduce(data + ranges[i].first, data + ranges[i].first,
+                         ranges[i].second - ranges[i].first, DType::kFloat32);
+  };
+  Status s;
+  std::unique_ptr<Request> current, next;
+  double posted = NowUs();
+  auto first = post(0);
+  if (first.ok()) {
+    current = std::move(*first);
+  } else {
+    s = first.status();
+  }
+  for (size_t i = 0; i < ranges.size() && s.ok(); ++i) {
+    double next_posted = 0;
+    if (i + 1 < ranges.size()) {
+      next_posted = NowUs();
+      auto r = post(i + 1);
+      if (!r.ok()) {
+        s = r.status();
+      } else {
+        next = std::move(*r);
+      }
+    }
+    Status w = current->Wait();
+    const double t1 = NowUs();
+    if (s.ok()) s = w;
+    if (s.ok()) s = FinishAverage(data + ranges[i].first, ranges[i].second - ranges[i].first);
+    const double t2 = NowUs();
+    Record(*e, "allreduce(chunk)", posted, t1);
+    Record(*e, "scale(chunk)", t1, t2);
+    counters_.chunks.fetch_add(1, std::memory_order_relaxed);
+    current = std::move(next);
+    posted = next_posted;
+  }
+  // Never leave a posted request behind: MPI may still be writing into the gradient.
+  if (current) (void)current->Wait();
+  counters_.chunked_layers.fetch_add(1, std::memory_order_relaxed);
+  Finish(e, s.ok() ? s : s.WithPrefix("chunked allreduce: "));
+}
+
+void Engine::RunStrategy(Entry* e) {
+  const int l = static_cast<int>(e->desc.layer);
+  ExchangeBuffers b;
+  b.grad = static_cast<float*>(e->grad.data);
+  b.params = e->grad.params;
+  b.u = e->grad.u;
+  b.v = e->grad.v;
+  b.batch = e->grad.batch;
+  const double t0 = NowUs();
+  Status s = hc_->Exchange(l, b, e->desc.step);
+  const double t1 = NowUs();
+  counters_.strategy_layers.fetch_add(1, std::memory_order_relaxed);
+  Record(*e, StrategyName(layer_strategy_[static_cast<size_t>(l)]), t0, t1);
+  Finish(e, s);
+}
+
+}  // namespace poseidon

@@ -1,0 +1,48 @@
+// Fusion and chunking plan for one cycle: which of the layers ready everywhere are packed into
+// one fusion buffer, which are cut into pipelined chunks, and which run alone.
+//
+// Steps (pure arithmetic, identical on every rank because its inputs were agreed):
+//   1. Walk the ready layers in the order given (lowest layer index first: the next forward
+//      pass needs them first).
+//   2. A fusible layer (dense allreduce, no optimizer, host memory) of at most fusion_bytes
+//      joins the open fusion group; the group is closed when the next layer would push it past
+//      fusion_bytes, and before any layer that is not fused (so order is kept: nothing is
+//      delayed behind a later layer).
+//   3. A fusible layer larger than chunk_bytes becomes a chunked op (ChunkRanges).
+//   4. Everything else runs alone through the hybrid collective's planned strategy.
+// A group holding a single layer is run as a plain op on the layer's own buffer (no copy).
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace poseidon::engine {
+
+struct WorkItem {
+  int layer = 0;
+  size_t bytes = 0;
+  bool fusible = false;  // dense allreduce without optimizer, host memory
+};
+
+enum class OpKind {
+  kFused,    // pack items into the fusion buffer, one allreduce, unpack
+  kChunked,  // one item cut into chunks, allreduce of chunk i+1 overlaps post-processing of i
+  kDirect,   // one fusible item in one allreduce on its own buffer
+  kStrategy  // one item through HybridCollective::Exchange (its planned strategy)
+};
+
+struct Op {
+  OpKind kind = OpKind::kStrategy;
+  std::vector<size_t> items;  // indices into the WorkItem list
+};
+
+// fusion_bytes <= 0 disables fusion; chunk_bytes <= 0 disables chunking.
+std::vector<Op> PlanOps(const std::vector<WorkItem>& items, long long fusion_bytes,
+                        long long chunk_bytes);
+
+// [begin, end) element ranges of at most chunk_elems each covering [0, count); one empty range
+// for count == 0.
+std::vector<std::pair<size_t, size_t>> ChunkRanges(size_t count, size_t chunk_elems);
+
+}  // namespace poseidon::engine

@@ -1,0 +1,214 @@
+// Negotiation vector layout and the messages built from gathered per-rank data.
+#include "runtime/engine/negotiation.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "collectives/layer.h"
+#include "runtime/dtype.h"
+
+namespace poseidon::engine {
+
+uint64_t Descriptor::Hash() const {
+  int64_t w[kWords];
+  ToWords(w);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a offset basis
+  for (int64_t x : w) {
+    uint64_t u = static_cast<uint64_t>(x);
+    for (int b = 0; b < 8; ++b) {
+      h ^= (u >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  // splitmix64 finalizer: spreads FNV's weak high bits.
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h == 0 ? 1 : h;
+}
+
+void Descriptor::ToWords(int64_t* w) const {
+  w[0] = layer;
+  w[1] = seq;
+  w[2] = step;
+  w[3] = count;
+  w[4] = dtype;
+  w[5] = strategy;
+  w[6] = factors;
+}
+
+Descriptor Descriptor::FromWords(const int64_t* w) {
+  Descriptor d;
+  d.layer = w[0];
+  d.seq = w[1];
+  d.step = w[2];
+  d.count = w[3];
+  d.dtype = w[4];
+  d.strategy = w[5];
+  d.factors = w[6];
+  return d;
+}
+
+bool Descriptor::operator==(const Descriptor& o) const {
+  return layer == o.layer && seq == o.seq && step == o.step && count == o.count &&
+         dtype == o.dtype && strategy == o.strategy && factors == o.factors;
+}
+
+std::string Descriptor::ToString() const {
+  return StrCat("#", seq, " step ", step, " count ", count, " ",
+                DTypeName(static_cast<DType>(dtype)), " ",
+                (strategy >= 0 && strategy < kNumStrategies)
+                    ? StrategyName(static_cast<StrategyKind>(strategy))
+                    : "?",
+                factors ? " (factors)" : "");
+}
+
+NegotiationVector::NegotiationVector(int num_layers)
+    : num_layers_(num_layers), words_(static_cast<size_t>(HashIndex(num_layers)), 0) {
+  Clear();
+}
+
+void NegotiationVector::Clear() {
+  std::fill(words_.begin(), words_.end(), 0);
+  // The complement of an empty mask: all ones in the used bits, so OR(~mask) stays exact.
+  for (int w = 0; w < MaskWordCount(); ++w) {
+    int bits = std::min(64, num_layers_ - 64 * w);
+    words_[static_cast<size_t>(MaskWordCount() + w)] =
+        bits == 64 ? ~0ull : ((1ull << bits) - 1);
+  }
+}
+
+void NegotiationVector::SetReady(int layer, uint64_t hash) {
+  const uint64_t bit = 1ull << (layer % 64);
+  words_[static_cast<size_t>(layer / 64)] |= bit;
+  words_[static_cast<size_t>(MaskWordCount() + layer / 64)] &= ~bit;
+  words_[static_cast<size_t>(HashIndex(layer))] = hash;
+  words_[static_cast<size_t>(HashIndex(layer) + 1)] = ~hash;
+}
+
+bool NegotiationVector::ReadySomewhere(int layer) const {
+  return (words_[static_cast<size_t>(layer / 64)] >> (layer % 64)) & 1;
+}
+
+bool NegotiationVector::ReadyEverywhere(int layer) const {
+  // OR(~mask) has the bit clear only where every rank had the layer ready.
+  return !((words_[static_cast<size_t>(MaskWordCount() + layer / 64)] >> (layer % 64)) & 1);
+}
+
+bool NegotiationVector::HashAgrees(int layer) const {
+  const uint64_t h_or = words_[static_cast<size_t>(HashIndex(layer))];
+  const uint64_t not_h_or = words_[static_cast<size_t>(HashIndex(layer) + 1)];
+  return h_or == ~not_h_or;
+}
+
+std::vector<uint64_t> NegotiationVector::MaskWords() const {
+  return std::vector<uint64_t>(words_.begin(), words_.begin() + MaskWordCount());
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "none";
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+  return os.str();
+}
+
+namespace {
+
+std::string LayerLabel(int layer, const LayerNamer& name) {
+  return StrCat("layer ", layer, " (", name(layer), ")");
+}
+
+// Which fields differ among the distinct descriptors, and the likely cause.
+std::string DifferingFields(const std::vector<Descriptor>& d) {
+  std::vector<std::string> fields;
+  auto differs = [&](auto get) {
+    for (const auto& x : d) {
+      if (get(x) != get(d[0])) return true;
+    }
+    return false;
+  };
+  if (differs([](const Descriptor& x) { return x.count; })) fields.push_back("element count");
+  if (differs([](const Descriptor& x) { return x.dtype; })) fields.push_back("dtype");
+  if (differs([](const Descriptor& x) { return x.strategy; })) fields.push_back("strategy");
+  if (differs([](const Descriptor& x) { return x.step; })) fields.push_back("step");
+  if (differs([](const Descriptor& x) { return x.factors; })) fields.push_back("factors");
+  if (differs([](const Descriptor& x) { return x.seq; })) {
+    fields.push_back("sequence number (a rank skipped a layer or submitted layers in a "
+                     "different order)");
+  }
+  std::string out;
+  for (size_t i = 0; i < fields.size(); ++i) out += (i ? ", " : "") + fields[i];
+  return out.empty() ? "descriptor" : out;
+}
+
+}  // namespace
+
+std::string DescribeMismatch(const std::vector<std::vector<Descriptor>>& per_rank,
+                             const std::vector<int>& mismatched_layers, const LayerNamer& name) {
+  const int world = static_cast<int>(per_rank.size());
+  std::ostringstream os;
+  bool first = true;
+  for (int layer : mismatched_layers) {
+    // Group ranks by the descriptor they have waiting for this layer (in first-seen order).
+    std::vector<Descriptor> distinct;
+    std::vector<std::vector<int>> ranks;
+    for (int r = 0; r < world; ++r) {
+      for (const Descriptor& d : per_rank[static_cast<size_t>(r)]) {
+        if (d.layer != layer) continue;
+        size_t i = 0;
+        while (i < distinct.size() && !(distinct[i] == d)) ++i;
+        if (i == distinct.size()) {
+          distinct.push_back(d);
+          ranks.emplace_back();
+        }
+        ranks[i].push_back(r);
+      }
+    }
+    os << (first ? "" : "; ") << LayerLabel(layer, name) << ": ranks disagree on the "
+       << DifferingFields(distinct) << ":";
+    first = false;
+    for (size_t i = 0; i < distinct.size(); ++i) {
+      os << (i ? ";" : "") << " rank" << (ranks[i].size() > 1 ? "s " : " ")
+         << RankList(ranks[i]) << " submitted " << distinct[i].ToString();
+    }
+  }
+  // Layers waiting on some ranks only: usually the layer a rank skipped or reordered.
+  std::map<int64_t, std::set<int>> waiting;
+  for (int r = 0; r < world; ++r) {
+    for (const Descriptor& d : per_rank[static_cast<size_t>(r)]) waiting[d.layer].insert(r);
+  }
+  for (const auto& [layer, have] : waiting) {
+    if (static_cast<int>(have.size()) == world) continue;
+    std::vector<int> yes(have.begin(), have.end()), no;
+    for (int r = 0; r < world; ++r) {
+      if (!have.count(r)) no.push_back(r);
+    }
+    os << "; " << LayerLabel(static_cast<int>(layer), name) << " is waiting on ranks "
+       << RankList(yes) << " but was not submitted by ranks " << RankList(no);
+  }
+  return os.str();
+}
+
+std::string DescribeStall(const std::vector<std::vector<uint64_t>>& masks,
+                          const std::vector<int>& layers, const LayerNamer& name) {
+  std::ostringstream os;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int layer = layers[i];
+    std::vector<int> yes, no;
+    for (size_t r = 0; r < masks.size(); ++r) {
+      const auto& m = masks[r];
+      bool ready = static_cast<size_t>(layer / 64) < m.size() &&
+                   ((m[static_cast<size_t>(layer / 64)] >> (layer % 64)) & 1);
+      (ready ? yes : no).push_back(static_cast<int>(r));
+    }
+    os << (i ? "; " : "") << LayerLabel(layer, name) << " submitted on ranks " << RankList(yes)
+       << ", missing on ranks " << RankList(no);
+  }
+  return os.str();
+}
+
+}  // namespace poseidon::engine
