@@ -6,6 +6,9 @@
 #include <string>
 
 #include "runtime/build_config.h"
+#if POSEIDON_CUDA_ENABLED
+#include "runtime/cuda_util.h"
+#endif
 #include "runtime/settings.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +31,13 @@ int main(int argc, char** argv) {
   std::printf("  mpi             host memory%s\n",
               POSEIDON_CUDA_ENABLED ? "; device memory staged through pinned host buffers" : "");
   if (POSEIDON_NCCL_ENABLED) std::printf("  nccl            device memory\n");
+#if POSEIDON_CUDA_ENABLED
+  // Devices and driver as this process sees them (the runtime API only, so this works and
+  // explains itself on machines without a GPU or driver).
+  std::printf("  devices         %s\n", poseidon::DescribeCudaDevices().c_str());
+#else
+  std::printf("  devices         none (built without CUDA)\n");
+#endif
   std::printf("\nSettings (environment variables; also settable from the APIs)\n");
   auto snap = Settings::Global().Snapshot();
   size_t w = 0;
