@@ -67,6 +67,8 @@ class CostCache : public ::testing::Test {
     return ss.str();
   }
   void Write(const std::string& text) {
+    // Nobody may still be reading the previous contents.
+    ASSERT_TRUE(World()->host_backend().Barrier().ok());
     if (World()->rank() == 0) {
       mkdir(path_.substr(0, path_.rfind('/')).c_str(), 0755);
       std::ofstream out(path_, std::ios::trunc);
@@ -132,7 +134,8 @@ TEST_F(CostCache, AnotherHostKeyOrACorruptFileIsMeasuredAgain) {
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->source, "measured");
   ASSERT_TRUE(World()->host_backend().Barrier().ok());
-  EXPECT_NE(Read().find(World()->host_key()), std::string::npos);  // rewritten for this key
+  std::string now = Read();
+  EXPECT_NE(now.find(World()->host_key()), std::string::npos) << now;  // rewritten for this key
 
   Write("poseidon-cost-model 1\nhost_key " + World()->host_key() + "\ngemm_flops x\n");
   auto c = LoadOrMeasureCostModel(*World(), CpuKernels(), Quick());
