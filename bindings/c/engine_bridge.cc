@@ -1,0 +1,216 @@
+// psdSubmit / psdWait / psdTest / psdHandleFree over the background engine.
+//
+//   psdBuildPlan -> EngineBridge::Start: Engine::Create(exchange communicator, hybrid) (collective)
+//   psdSubmit    -> checks the arguments, counts the layer's step, Engine::Submit -> a psdHandle_t
+//                   (a registry number mapped to the engine's Handle)
+//   psdWait      -> Handle::Wait(timeout) ; psdTest -> Handle::Test / status
+//   failures of submitted exchanges set the communicator's sticky asynchronous error (through
+//   the completion callback), except the aborts our own Stop causes (a re-plan or a destroy).
+#include "bindings/c/engine_bridge.h"
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/engine.h"
+
+namespace poseidon::capi {
+
+struct HandleState {
+  HandlePtr handle;
+  uint64_t comm_id = 0;  // to record failures on the communicator while it lives
+  std::string layer_name;
+};
+
+namespace {
+
+class EngineBridgeImpl : public EngineBridge {
+ public:
+  EngineBridgeImpl(CommState* state, std::unique_ptr<Engine> engine)
+      : state_(state), engine_(std::move(engine)), steps_(state->layers.size(), 0) {}
+
+  ~EngineBridgeImpl() override {
+    // Stop normally runs first (DestroyState / BuildPlanLocked); this covers error paths.
+    stopping_.store(true);
+    engine_.reset();
+  }
+
+  Status Stop() override {
+    stopping_.store(true);
+    Status s = engine_->Shutdown();
+    // A clean shutdown reports kAborted ("engine was shut down"); only real failures count.
+    if (s.code() == StatusCode::kAborted) return Status::Ok();
+    state_->SetAsyncError(s);
+    return s;
+  }
+
+  Result<HandlePtr> Submit(int layer, const Gradient& g) {
+    int64_t step = steps_[static_cast<size_t>(layer)]++;
+    CommState* state = state_;
+    const std::atomic<bool>* stopping = &stopping_;
+    // The callback runs on the engine thread; the CommState outlives the engine (Stop runs
+    // before the state is freed), so the raw pointer is safe.
+    return engine_->Submit(layer, g, step, [state, stopping](const Status& s) {
+      if (!s.ok() && !stopping->load()) state->SetAsyncError(s);
+    });
+  }
+
+  Engine& engine() { return *engine_; }
+
+ private:
+  CommState* state_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<int64_t> steps_;  // per layer: submissions so far (the engine's step)
+  std::atomic<bool> stopping_{false};
+};
+
+Status CheckSubmit(CommState& s, int layer_id, float* grad, float* params, const float* u,
+                   const float* v, size_t batch) {
+  PSD_REQUIRE_ARG(layer_id >= 0 && static_cast<size_t>(layer_id) < s.layers.size(), "layer_id ",
+                  layer_id, " is not registered; expected 0..",
+                  static_cast<long long>(s.layers.size()) - 1);
+  const LayerSpec& layer = s.layers[static_cast<size_t>(layer_id)];
+  PSD_REQUIRE_ARG(s.engine != nullptr && s.strategies.size() == s.layers.size(), "layer '",
+                  layer.name, "' has no current plan (layers were registered after the last "
+                  "psdBuildPlan, or none was built); expected psdBuildPlan first");
+  PSD_REQUIRE_ARG(grad != nullptr || layer.NumElements() == 0, "layer '", layer.name,
+                  "': grad is NULL; expected ", layer.NumElements(), " floats");
+  PSD_REQUIRE_ARG(!layer.optimizer.enabled() || params != nullptr || layer.NumElements() == 0,
+                  "layer '", layer.name, "' has an optimizer (",
+                  OptimizerName(layer.optimizer.kind), ") but params is NULL; expected the ",
+                  layer.NumElements(), " parameters");
+  PSD_REQUIRE_ARG((u == nullptr) == (v == nullptr), "layer '", layer.name, "': only one of u (",
+                  static_cast<const void*>(u), ") and v (", static_cast<const void*>(v),
+                  ") is given; expected both factors or neither");
+  if (u != nullptr) {
+    PSD_REQUIRE_ARG(layer.kind == LayerKind::kFullyConnected, "layer '", layer.name,
+                    "' is ", LayerKindName(layer.kind),
+                    "; sufficient factors need a psdLayerFullyConnected layer");
+  } else {
+    PSD_REQUIRE_ARG(batch == 0 || layer.kind == LayerKind::kFullyConnected, "layer '",
+                    layer.name, "': batch ", batch, " without factors; expected 0");
+  }
+  PSD_REQUIRE_ARG(s.strategies[static_cast<size_t>(layer_id)] != StrategyKind::kSfb ||
+                      u != nullptr || s.planned_batch == 0,
+                  "layer '", layer.name, "' is planned as sfb but no factors were given; "
+                  "expected u and v (batch x M, batch x N)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EngineBridge>> EngineBridge::Start(CommState& state) {
+  PSD_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                       Engine::Create(state.exchange_comm, state.hybrid.get()));
+  return std::unique_ptr<EngineBridge>(new EngineBridgeImpl(&state, std::move(engine)));
+}
+
+namespace {
+
+// Looks a psdHandle_t up; records a failure on the thread and (while it lives) the
+// communicator the handle came from.
+psdResult_t WithHandle(const char* call, psdHandle_t handle,
+                       const std::function<Status(HandleState&)>& body) {
+  std::shared_ptr<HandleState> h;
+  try {
+    if (handle == nullptr) {
+      return Fail(call, nullptr, InvalidArgument("handle is NULL; expected a handle from "
+                                                 "psdSubmit"));
+    }
+    h = Registry::Get().FindHandle(handle);
+    if (h == nullptr) {
+      return Fail(call, nullptr,
+                  InvalidArgument("handle ", static_cast<const void*>(handle),
+                                  " is not a live handle (freed, or never returned by "
+                                  "psdSubmit)"));
+    }
+    Status s = body(*h);
+    if (s.ok()) return psdSuccess;
+    std::shared_ptr<CommState> comm =
+        Registry::Get().FindComm(HandleOf<psdComm_t>(h->comm_id));
+    return Fail(call, comm.get(), s);
+  } catch (const std::exception& e) {
+    return Fail(call, nullptr, InternalError("unexpected C++ exception: ", e.what()));
+  } catch (...) {
+    return Fail(call, nullptr, InternalError("unexpected non-standard C++ exception"));
+  }
+}
+
+}  // namespace
+}  // namespace poseidon::capi
+
+using namespace poseidon;  // NOLINT
+
+extern "C" {
+
+psdResult_t psdSubmit(psdComm_t comm, int layer_id, float* grad, float* params, const float* u,
+                      const float* v, size_t batch, psdHandle_t* handle) {
+  if (handle != nullptr) *handle = nullptr;
+  return capi::WithComm("psdSubmit", comm, [&](capi::CommState& s) -> Status {
+    PSD_REQUIRE_ARG(handle != nullptr, "handle is NULL; expected a psdHandle_t*");
+    Status bad = capi::CheckSubmit(s, layer_id, grad, params, u, v, batch);
+    auto* bridge = static_cast<capi::EngineBridgeImpl*>(s.engine.get());
+    if (!bad.ok()) {
+      // The other ranks would wait for this submission: hand the engine an invalid one (no
+      // buffer), which it fails everywhere at once instead of letting them stall.
+      if (bridge != nullptr && layer_id >= 0 && static_cast<size_t>(layer_id) < s.layers.size())
+        (void)bridge->engine().Submit(layer_id, Gradient{}, -1);
+      return bad;
+    }
+    const LayerSpec& layer = s.layers[static_cast<size_t>(layer_id)];
+    Gradient g;
+    g.data = grad;
+    g.count = layer.NumElements();
+    g.dtype = DType::kFloat32;
+    g.params = params;
+    g.u = u;
+    g.v = v;
+    g.batch = batch;
+    PSD_ASSIGN_OR_RETURN(HandlePtr engine_handle, bridge->Submit(layer_id, g));
+    auto state = std::make_shared<capi::HandleState>();
+    state->handle = std::move(engine_handle);
+    state->comm_id = s.id;
+    state->layer_name = layer.name;
+    uint64_t id = capi::Registry::Get().NextId();
+    capi::Registry::Get().AddHandle(id, std::move(state));
+    *handle = capi::HandleOf<psdHandle_t>(id);
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdWait(psdHandle_t handle, long long timeout_ms) {
+  return capi::WithHandle("psdWait", handle, [&](capi::HandleState& h) -> Status {
+    if (timeout_ms == 0) {
+      if (!h.handle->Test()) {
+        return TimeoutError("layer '", h.layer_name, "' step ", h.handle->step(),
+                            " has not completed (timeout 0 ms)");
+      }
+      return h.handle->status();
+    }
+    double timeout_s = timeout_ms < 0 ? -1.0 : static_cast<double>(timeout_ms) / 1000.0;
+    return h.handle->Wait(timeout_s);
+  });
+}
+
+psdResult_t psdTest(psdHandle_t handle, int* done) {
+  if (done != nullptr) *done = 0;
+  return capi::WithHandle("psdTest", handle, [&](capi::HandleState& h) -> Status {
+    PSD_REQUIRE_ARG(done != nullptr, "done is NULL; expected an int*");
+    if (!h.handle->Test()) return Status::Ok();
+    *done = 1;
+    return h.handle->status();
+  });
+}
+
+psdResult_t psdHandleFree(psdHandle_t handle) {
+  if (handle == nullptr) return psdSuccess;
+  return capi::Guard("psdHandleFree", [&]() -> Status {
+    // Dropping our reference detaches a running exchange: the engine keeps its own.
+    PSD_REQUIRE_ARG(capi::Registry::Get().RemoveHandle(handle) != nullptr, "handle ",
+                    static_cast<const void*>(handle),
+                    " is not a live handle (freed twice, or never returned by psdSubmit)");
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,536 @@
+// The C API entry points (bindings/c/poseidon.h) over the C++ runtime.
+//
+// Every entry point:
+//   1. checks its pointers and enum values (the C caller may pass anything),
+//   2. looks the communicator up in the registry (a dead handle is refused, never touched),
+//   3. runs the C++ call and turns its Status into a psdResult_t, recording the message on the
+//      communicator and the thread; any C++ exception becomes psdInternalError.
+// psdSubmit / psdWait / psdTest / psdHandleFree live in engine_bridge.cc.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "bindings/c/engine_bridge.h"
+#include "bindings/c/registry.h"
+#include "collectives/layer.h"
+#include "runtime/mpi_backend.h"
+#include "runtime/settings.h"
+
+using poseidon::capi::CommState;
+using poseidon::capi::Fail;
+using poseidon::capi::Guard;
+using poseidon::capi::Registry;
+using poseidon::capi::WithComm;
+
+namespace poseidon::capi {
+namespace {
+
+// Whether psdInit started MPI (then psdFinalize ends it); guarded by g_mpi_mu.
+std::mutex g_mpi_mu;
+bool g_we_initialized_mpi = false;
+
+Status CheckMpiUsable(const char* what) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  PSD_REQUIRE(!finalized, StatusCode::kUnavailable, what,
+              ": MPI is already finalized; MPI cannot be started again in this process");
+  PSD_REQUIRE_ARG(initialized, what,
+                  ": MPI is not initialized; call psdInit (or MPI_Init_thread) first");
+  return Status::Ok();
+}
+
+Status InitMpiOnce() {
+  std::lock_guard<std::mutex> lock(g_mpi_mu);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  PSD_REQUIRE(!finalized, StatusCode::kUnavailable,
+              "MPI is already finalized; MPI cannot be started again in this process");
+  if (initialized) return Status::Ok();
+  PSD_ASSIGN_OR_RETURN(int level, InitMpi(nullptr, nullptr));
+  (void)level;  // a lower level is fine for single-threaded callers; the engine checks its own
+  g_we_initialized_mpi = true;
+  return Status::Ok();
+}
+
+Status CheckDTypeArg(psdDataType_t dtype) {
+  int d = static_cast<int>(dtype);
+  PSD_REQUIRE_ARG(d >= 0 && d < kNumDTypes, "dtype ", d,
+                  " is unknown; expected psdFloat32 (0), psdFloat64 (1), psdFloat16 (2), "
+                  "psdBFloat16 (3), psdInt32 (4) or psdInt64 (5)");
+  return Status::Ok();
+}
+
+Result<MemoryKind> CheckMemoryArg(psdMemory_t memory) {
+  int m = static_cast<int>(memory);
+  PSD_REQUIRE_ARG(m == psdMemHost || m == psdMemDevice, "memory ", m,
+                  " is unknown; expected psdMemHost (0) or psdMemDevice (1)");
+  return static_cast<MemoryKind>(m);
+}
+
+Result<CallOptions> CallOptionsFor(CommState& s, psdMemory_t memory, void* stream,
+                                   Backend** backend) {
+  PSD_ASSIGN_OR_RETURN(MemoryKind kind, CheckMemoryArg(memory));
+  PSD_REQUIRE_ARG(kind == MemoryKind::kDevice || stream == nullptr, "stream ", stream,
+                  " was given for host memory; expected NULL");
+  PSD_ASSIGN_OR_RETURN(*backend, s.comm->backend(kind));
+  CallOptions opts;
+  opts.memory = kind;
+  opts.stream = stream;
+  return opts;
+}
+
+// Element counts times the element size must fit size_t; the backend checks its own limits.
+Status CheckBufferArg(const char* name, const void* p, size_t count, psdDataType_t dtype) {
+  PSD_REQUIRE_ARG(p != nullptr || count == 0, name, " is NULL for ", count,
+                  " elements; expected a buffer");
+  size_t elem = DTypeSize(static_cast<DType>(dtype));
+  PSD_REQUIRE_ARG(count <= std::numeric_limits<size_t>::max() / elem, "count ", count,
+                  " elements overflows the address space");
+  return Status::Ok();
+}
+
+// Copies `text` into a caller buffer with the size-query convention of the header.
+Status CopyOut(const std::string& text, char* buf, size_t* size) {
+  PSD_REQUIRE_ARG(size != nullptr, "size is NULL; expected a pointer to the buffer size");
+  size_t need = text.size() + 1;
+  if (buf == nullptr) {
+    *size = need;
+    return Status::Ok();
+  }
+  if (*size < need) {
+    size_t given = *size;
+    *size = need;
+    return InvalidArgument("buffer of ", given, " bytes is too small; expected at least ", need,
+                           " (the size is now in *size)");
+  }
+  std::memcpy(buf, text.c_str(), need);
+  *size = need;
+  return Status::Ok();
+}
+
+std::string SettingName(const char* name) {
+  std::string n(name);
+  if (n.rfind("POSEIDON_", 0) != 0) n = "POSEIDON_" + n;
+  return n;
+}
+
+Result<OptimizerSpec> ToOptimizer(const psdOptimizer_t& o) {
+  switch (o.kind) {
+    case psdOptimizerNone:
+      return OptimizerSpec::None();
+    case psdOptimizerSgd: {
+      SgdParams p;
+      p.lr = o.lr;
+      p.momentum = o.momentum;
+      p.weight_decay = o.weight_decay;
+      PSD_REQUIRE_ARG(o.nesterov == 0 || o.nesterov == 1, "optimizer.nesterov ", o.nesterov,
+                      " is invalid; expected 0 or 1");
+      p.nesterov = o.nesterov != 0;
+      return OptimizerSpec::Sgd(p);
+    }
+    case psdOptimizerAdam: {
+      AdamParams p;
+      p.lr = o.lr;
+      p.beta1 = o.beta1;
+      p.beta2 = o.beta2;
+      p.eps = o.eps;
+      p.weight_decay = o.weight_decay;
+      return OptimizerSpec::Adam(p);
+    }
+  }
+  return InvalidArgument("optimizer.kind ", static_cast<int>(o.kind),
+                         " is unknown; expected psdOptimizerNone (0), psdOptimizerSgd (1) or "
+                         "psdOptimizerAdam (2)");
+}
+
+Result<LayerSpec> ToLayerSpec(const psdLayerConfig_t& c) {
+  LayerSpec spec;
+  PSD_REQUIRE_ARG(c.name != nullptr, "config->name is NULL; expected a layer name");
+  spec.name = c.name;
+  const std::string who = StrCat("layer '", spec.name, "'");
+  PSD_REQUIRE_ARG(c.ndim >= 0 && c.ndim <= 8, who, ": ndim ", c.ndim,
+                  " is out of range; expected 0..8");
+  PSD_REQUIRE_ARG(c.ndim == 0 || c.shape != nullptr, who, ": shape is NULL with ndim ", c.ndim,
+                  "; expected ndim extents");
+  spec.shape.assign(c.shape, c.shape + c.ndim);
+  int kind = static_cast<int>(c.kind);
+  PSD_REQUIRE_ARG(kind >= psdLayerDense && kind <= psdLayerSparse, who, ": kind ", kind,
+                  " is unknown; expected psdLayerDense (0), psdLayerFullyConnected (1) or "
+                  "psdLayerSparse (2)");
+  spec.kind = static_cast<LayerKind>(kind);
+  int strategy = static_cast<int>(c.strategy);
+  PSD_REQUIRE_ARG(strategy >= psdStrategyAuto && strategy <= psdStrategyTopk, who,
+                  ": strategy ", strategy,
+                  " is unknown; expected psdStrategyAuto (-1), psdStrategyAllReduce (0), "
+                  "psdStrategyPs (1), psdStrategySfb (2) or psdStrategyTopk (3)");
+  if (strategy != psdStrategyAuto) spec.force = static_cast<StrategyKind>(strategy);
+  // 0 means "the setting"; anything else must be a fraction in (0, 1] (NaN fails both tests).
+  PSD_REQUIRE_ARG(c.density == 0 || (c.density > 0 && c.density <= 1), who, ": density ",
+                  c.density, " is out of range; expected (0, 1], or 0 for the default");
+  if (c.density != 0) spec.topk.density = c.density;
+  if (c.candidates != nullptr) {
+    auto list = ParseStrategyList(c.candidates);
+    if (!list.ok()) return list.status().WithPrefix(who + ": candidates");
+    spec.candidates = *list;
+  }
+  auto opt = ToOptimizer(c.optimizer);
+  if (!opt.ok()) return opt.status().WithPrefix(who);
+  spec.optimizer = *opt;
+  return ResolveLayerSpec(spec);
+}
+
+// Makes the exchange communicator and the hybrid collective (collective), registers the layers
+// it has not seen, and plans.
+Status BuildPlanLocked(CommState& s, size_t batch) {
+  // The engine owns the hybrid collective while it runs: stop it (draining what is pending)
+  // before the plan changes under it.
+  // A failure the engine had is already in the handles and the sticky asynchronous error;
+  // a new plan starts a fresh engine.
+  if (s.engine) {
+    (void)s.engine->Stop();
+    s.engine.reset();
+  }
+  if (!s.exchange_comm) {
+    PSD_ASSIGN_OR_RETURN(s.exchange_comm, Communicator::Create(s.comm->mpi_comm()));
+    PSD_ASSIGN_OR_RETURN(s.hybrid, HybridCollective::Create(s.exchange_comm));
+  }
+  for (size_t i = static_cast<size_t>(s.hybrid->num_layers()); i < s.layers.size(); ++i) {
+    PSD_ASSIGN_OR_RETURN(int id, s.hybrid->RegisterLayer(s.layers[i]));
+    PSD_REQUIRE(id == static_cast<int>(i), StatusCode::kInternal, "layer '", s.layers[i].name,
+                "' got id ", id, " in the hybrid collective; expected ", i);
+  }
+  PSD_CHECK(s.hybrid->BuildPlan(batch));
+  s.planned_batch = batch;
+  s.plan_text = s.hybrid->PrintPlan();
+  s.strategies.clear();
+  for (int i = 0; i < s.hybrid->num_layers(); ++i) s.strategies.push_back(s.hybrid->strategy(i));
+  PSD_ASSIGN_OR_RETURN(s.engine, EngineBridge::Start(s));
+  return Status::Ok();
+}
+
+// Frees everything; the engine's own failure (if any) was reported through its handles and
+// the sticky asynchronous error, so it does not fail the destroy.
+Status DestroyState(CommState& s) {
+  if (s.engine) {
+    (void)s.engine->Stop();
+    s.engine.reset();
+  }
+  s.hybrid.reset();
+  s.exchange_comm.reset();
+  s.comm.reset();
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace poseidon::capi
+
+using namespace poseidon;  // NOLINT: the entry points below name many core types
+
+extern "C" {
+
+const char* psdGetErrorString(psdResult_t result) {
+  switch (result) {
+    case psdSuccess: return "success";
+    case psdInvalidArgument: return "invalid argument";
+    case psdMismatch: return "ranks disagree about a collective";
+    case psdBackendError: return "communication backend error (MPI / NCCL / CUDA)";
+    case psdTimeout: return "timed out";
+    case psdAborted: return "communicator aborted by an earlier failure or shutdown";
+    case psdUnavailable: return "not available in this build or on this machine";
+    case psdInternalError: return "internal error";
+    case psdUnimplemented: return "not implemented";
+    case psdNumResults: break;
+  }
+  return "unknown result code";
+}
+
+const char* psdGetLastError(psdComm_t comm) {
+  // One buffer per thread: the returned pointer stays valid however other threads fail.
+  static thread_local std::string copy;
+  try {
+    std::shared_ptr<CommState> state =
+        comm == nullptr ? nullptr : Registry::Get().FindComm(comm);
+    copy = state ? state->LastError() : capi::ThreadError();
+  } catch (...) {
+    copy = "psdGetLastError: out of memory while copying the message";
+  }
+  return copy.c_str();
+}
+
+psdResult_t psdGetVersion(int* version) {
+  return Guard("psdGetVersion", [&]() -> Status {
+    PSD_REQUIRE_ARG(version != nullptr, "version is NULL; expected a pointer to an int");
+    *version = PSD_VERSION_CODE;
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdInit(void) {
+  return Guard("psdInit", [&]() { return capi::InitMpiOnce(); });
+}
+
+psdResult_t psdFinalize(void) {
+  return Guard("psdFinalize", [&]() -> Status {
+    Status first;
+    for (auto& state : Registry::Get().RemoveAllComms()) {
+      std::lock_guard<std::mutex> lock(state->call_mu);
+      Status s = capi::DestroyState(*state);
+      if (first.ok() && !s.ok()) first = s;
+    }
+    std::lock_guard<std::mutex> lock(capi::g_mpi_mu);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (capi::g_we_initialized_mpi && !finalized) {
+      int rc = MPI_Finalize();
+      capi::g_we_initialized_mpi = false;
+      if (rc != MPI_SUCCESS) return MpiError("MPI_Finalize", rc);
+    }
+    return first;
+  });
+}
+
+psdResult_t psdCommInitFromMpi(MPI_Comm mpi_comm, psdComm_t* comm) {
+  return Guard("psdCommInitFromMpi", [&]() -> Status {
+    PSD_REQUIRE_ARG(comm != nullptr, "comm is NULL; expected a pointer to a psdComm_t");
+    *comm = nullptr;
+    PSD_CHECK(capi::CheckMpiUsable("psdCommInitFromMpi"));
+    PSD_REQUIRE_ARG(mpi_comm != MPI_COMM_NULL, "mpi_comm is MPI_COMM_NULL; expected a valid "
+                    "MPI communicator");
+    auto state = std::make_shared<CommState>();
+    PSD_ASSIGN_OR_RETURN(state->comm, Communicator::Create(mpi_comm));
+    state->id = Registry::Get().NextId();
+    *comm = capi::HandleOf<psdComm_t>(state->id);
+    Registry::Get().AddComm(std::move(state));
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdCommInitWorld(psdComm_t* comm) {
+  if (comm != nullptr) *comm = nullptr;
+  psdResult_t r = psdInit();
+  if (r != psdSuccess) return r;
+  return psdCommInitFromMpi(MPI_COMM_WORLD, comm);
+}
+
+psdResult_t psdCommDestroy(psdComm_t comm) {
+  const char* call = "psdCommDestroy";
+  try {
+    if (comm == nullptr) {
+      return Fail(call, nullptr, InvalidArgument("comm is NULL; expected a live communicator"));
+    }
+    std::shared_ptr<CommState> state = Registry::Get().RemoveComm(comm);
+    if (state == nullptr) {
+      return Fail(call, nullptr,
+                  InvalidArgument("comm ", static_cast<const void*>(comm),
+                                  " is not a live communicator (destroyed twice, or never "
+                                  "returned by psdCommInit*)"));
+    }
+    // Calls already running on other threads hold call_mu; wait for them, then tear down.
+    std::lock_guard<std::mutex> lock(state->call_mu);
+    return Fail(call, nullptr, capi::DestroyState(*state));
+  } catch (const std::exception& e) {
+    return Fail(call, nullptr, InternalError("unexpected C++ exception: ", e.what()));
+  } catch (...) {
+    return Fail(call, nullptr, InternalError("unexpected non-standard C++ exception"));
+  }
+}
+
+#define PSD_COMM_GETTER(fn, field)                                                    \
+  psdResult_t fn(psdComm_t comm, int* out) {                                          \
+    return WithComm(#fn, comm, [&](CommState& s) -> Status {                          \
+      PSD_REQUIRE_ARG(out != nullptr, "output pointer is NULL; expected an int*");    \
+      *out = s.comm->field();                                                         \
+      return Status::Ok();                                                            \
+    });                                                                               \
+  }
+PSD_COMM_GETTER(psdCommRank, rank)
+PSD_COMM_GETTER(psdCommSize, size)
+PSD_COMM_GETTER(psdCommLocalRank, local_rank)
+PSD_COMM_GETTER(psdCommLocalSize, local_size)
+#undef PSD_COMM_GETTER
+
+psdResult_t psdCommGetAsyncError(psdComm_t comm, psdResult_t* async_error) {
+  // No call lock: it must answer while another thread is blocked in a collective.
+  return Guard("psdCommGetAsyncError", [&]() -> Status {
+    PSD_REQUIRE_ARG(async_error != nullptr, "async_error is NULL; expected a psdResult_t*");
+    std::shared_ptr<CommState> state =
+        comm == nullptr ? nullptr : Registry::Get().FindComm(comm);
+    PSD_REQUIRE_ARG(state != nullptr, "comm ", static_cast<const void*>(comm),
+                    " is not a live communicator");
+    *async_error = static_cast<psdResult_t>(state->async_error.load());
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdSetSetting(const char* name, const char* value) {
+  return Guard("psdSetSetting", [&]() -> Status {
+    PSD_REQUIRE_ARG(name != nullptr, "name is NULL; expected a setting name");
+    PSD_REQUIRE_ARG(value != nullptr, "value is NULL for ", name, "; expected text");
+    return Settings::Global().Set(capi::SettingName(name), value);
+  });
+}
+
+psdResult_t psdGetSetting(const char* name, char* buf, size_t* size) {
+  return Guard("psdGetSetting", [&]() -> Status {
+    PSD_REQUIRE_ARG(name != nullptr, "name is NULL; expected a setting name");
+    std::string full = capi::SettingName(name);
+    for (const SettingValue& v : Settings::Global().Snapshot()) {
+      if (v.info.name == full) return capi::CopyOut(v.value, buf, size);
+    }
+    return InvalidArgument("unknown setting '", name, "'; run poseidon-info for the list");
+  });
+}
+
+psdResult_t psdAllReduce(psdComm_t comm, const void* send, void* recv, size_t count,
+                         psdDataType_t dtype, psdMemory_t memory, void* stream) {
+  return WithComm("psdAllReduce", comm, [&](CommState& s) -> Status {
+    PSD_CHECK(capi::CheckDTypeArg(dtype));
+    PSD_CHECK(capi::CheckBufferArg("send", send, count, dtype));
+    PSD_CHECK(capi::CheckBufferArg("recv", recv, count, dtype));
+    Backend* be = nullptr;
+    PSD_ASSIGN_OR_RETURN(CallOptions opts, capi::CallOptionsFor(s, memory, stream, &be));
+    return be->AllReduce(send, recv, count, static_cast<DType>(dtype), opts);
+  });
+}
+
+psdResult_t psdReduceScatter(psdComm_t comm, const void* send, void* recv, size_t recv_count,
+                             psdDataType_t dtype, psdMemory_t memory, void* stream) {
+  return WithComm("psdReduceScatter", comm, [&](CommState& s) -> Status {
+    PSD_CHECK(capi::CheckDTypeArg(dtype));
+    size_t world = static_cast<size_t>(s.comm->size());
+    PSD_REQUIRE_ARG(recv_count <= std::numeric_limits<size_t>::max() / world, "recv_count ",
+                    recv_count, " times ", world, " ranks overflows");
+    PSD_CHECK(capi::CheckBufferArg("send", send, recv_count * world, dtype));
+    PSD_CHECK(capi::CheckBufferArg("recv", recv, recv_count, dtype));
+    Backend* be = nullptr;
+    PSD_ASSIGN_OR_RETURN(CallOptions opts, capi::CallOptionsFor(s, memory, stream, &be));
+    std::vector<size_t> counts(world, recv_count);
+    return be->ReduceScatter(send, recv, counts, static_cast<DType>(dtype), opts);
+  });
+}
+
+psdResult_t psdAllGather(psdComm_t comm, const void* send, void* recv, size_t send_count,
+                         psdDataType_t dtype, psdMemory_t memory, void* stream) {
+  return WithComm("psdAllGather", comm, [&](CommState& s) -> Status {
+    PSD_CHECK(capi::CheckDTypeArg(dtype));
+    size_t world = static_cast<size_t>(s.comm->size());
+    PSD_REQUIRE_ARG(send_count <= std::numeric_limits<size_t>::max() / world, "send_count ",
+                    send_count, " times ", world, " ranks overflows");
+    PSD_CHECK(capi::CheckBufferArg("send", send, send_count, dtype));
+    PSD_CHECK(capi::CheckBufferArg("recv", recv, send_count * world, dtype));
+    Backend* be = nullptr;
+    PSD_ASSIGN_OR_RETURN(CallOptions opts, capi::CallOptionsFor(s, memory, stream, &be));
+    return be->AllGather(send, recv, send_count, static_cast<DType>(dtype), opts);
+  });
+}
+
+psdResult_t psdBroadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t dtype, int root,
+                         psdMemory_t memory, void* stream) {
+  return WithComm("psdBroadcast", comm, [&](CommState& s) -> Status {
+    PSD_CHECK(capi::CheckDTypeArg(dtype));
+    PSD_CHECK(capi::CheckBufferArg("buf", buf, count, dtype));
+    // The root is checked by the backend's cross-rank agreement (every rank learns of a bad
+    // root on any rank).
+    Backend* be = nullptr;
+    PSD_ASSIGN_OR_RETURN(CallOptions opts, capi::CallOptionsFor(s, memory, stream, &be));
+    return be->Broadcast(buf, count, static_cast<DType>(dtype), root, opts);
+  });
+}
+
+psdResult_t psdBarrier(psdComm_t comm) {
+  return WithComm("psdBarrier", comm,
+                  [&](CommState& s) -> Status { return s.comm->host_backend().Barrier(); });
+}
+
+psdResult_t psdLayerConfigInit(psdLayerConfig_t* config) {
+  return Guard("psdLayerConfigInit", [&]() -> Status {
+    PSD_REQUIRE_ARG(config != nullptr, "config is NULL; expected a psdLayerConfig_t*");
+    std::memset(config, 0, sizeof(*config));
+    config->kind = psdLayerDense;
+    config->strategy = psdStrategyAuto;
+    config->density = 0;
+    config->optimizer.kind = psdOptimizerNone;
+    SgdParams sgd;
+    AdamParams adam;
+    config->optimizer.lr = sgd.lr;
+    config->optimizer.momentum = sgd.momentum;
+    config->optimizer.nesterov = sgd.nesterov ? 1 : 0;
+    config->optimizer.beta1 = adam.beta1;
+    config->optimizer.beta2 = adam.beta2;
+    config->optimizer.eps = adam.eps;
+    config->optimizer.weight_decay = 0;
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdRegisterLayer(psdComm_t comm, const psdLayerConfig_t* config, int* layer_id) {
+  return WithComm("psdRegisterLayer", comm, [&](CommState& s) -> Status {
+    PSD_REQUIRE_ARG(config != nullptr, "config is NULL; expected a psdLayerConfig_t "
+                    "(psdLayerConfigInit fills the defaults)");
+    PSD_REQUIRE_ARG(layer_id != nullptr, "layer_id is NULL; expected an int*");
+    PSD_ASSIGN_OR_RETURN(LayerSpec spec, capi::ToLayerSpec(*config));
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+      PSD_REQUIRE_ARG(s.layers[i].name != spec.name, "layer name '", spec.name,
+                      "' is already registered (id ", i, "); expected unique names");
+    }
+    s.layers.push_back(std::move(spec));
+    *layer_id = static_cast<int>(s.layers.size() - 1);
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdNumLayers(psdComm_t comm, int* num_layers) {
+  return WithComm("psdNumLayers", comm, [&](CommState& s) -> Status {
+    PSD_REQUIRE_ARG(num_layers != nullptr, "num_layers is NULL; expected an int*");
+    *num_layers = static_cast<int>(s.layers.size());
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdBuildPlan(psdComm_t comm, size_t batch) {
+  return WithComm("psdBuildPlan", comm, [&](CommState& s) -> Status {
+    PSD_REQUIRE_ARG(!s.layers.empty(), "no layers are registered; expected psdRegisterLayer "
+                    "before psdBuildPlan");
+    return capi::BuildPlanLocked(s, batch);
+  });
+}
+
+psdResult_t psdGetLayerStrategy(psdComm_t comm, int layer_id, psdStrategy_t* strategy) {
+  return WithComm("psdGetLayerStrategy", comm, [&](CommState& s) -> Status {
+    PSD_REQUIRE_ARG(strategy != nullptr, "strategy is NULL; expected a psdStrategy_t*");
+    PSD_REQUIRE_ARG(layer_id >= 0 && static_cast<size_t>(layer_id) < s.layers.size(),
+                    "layer_id ", layer_id, " is not registered; expected 0..",
+                    static_cast<long long>(s.layers.size()) - 1);
+    PSD_REQUIRE_ARG(static_cast<size_t>(layer_id) < s.strategies.size(), "layer ", layer_id,
+                    " ('", s.layers[static_cast<size_t>(layer_id)].name,
+                    "') has no plan yet; expected psdBuildPlan first");
+    *strategy = static_cast<psdStrategy_t>(s.strategies[static_cast<size_t>(layer_id)]);
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdGetPlan(psdComm_t comm, char* buf, size_t* size) {
+  return WithComm("psdGetPlan", comm, [&](CommState& s) -> Status {
+    PSD_REQUIRE_ARG(!s.plan_text.empty(), "no plan yet; expected psdBuildPlan first");
+    return capi::CopyOut(s.plan_text, buf, size);
+  });
+}
+
+psdResult_t psdPrintPlan(psdComm_t comm, FILE* stream) {
+  return WithComm("psdPrintPlan", comm, [&](CommState& s) -> Status {
+    PSD_REQUIRE_ARG(!s.plan_text.empty(), "no plan yet; expected psdBuildPlan first");
+    FILE* out = stream != nullptr ? stream : stdout;
+    PSD_REQUIRE(std::fputs(s.plan_text.c_str(), out) >= 0 && std::fflush(out) == 0,
+                StatusCode::kBackendError, "writing the plan failed: ", std::strerror(errno));
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"
