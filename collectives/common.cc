@@ -99,10 +99,8 @@ Status Scale(float* data, size_t n, float scale, const StrategyContext& ctx) {
 }
 
 Status Zero(float* data, size_t n, const StrategyContext& ctx) {
-  PSD_REQUIRE(ctx.call.memory == MemoryKind::kHost, StatusCode::kUnimplemented,
-              "Zero: only host memory is supported (the Kernels contract has no fill kernel)");
-  if (n > 0) std::memset(data, 0, n * sizeof(float));
-  return Status::Ok();
+  // SumInto over zero pieces writes zeros: a fill that works wherever the kernels do.
+  return ctx.kernels->SumInto(data, data, 0, 0, n, ctx.call.stream);
 }
 
 Status DenseAllReduce(const LayerSpec& layer, OptimizerState* opt, const ExchangeBuffers& buf,

@@ -18,6 +18,12 @@ Result<std::unique_ptr<HybridCollective>> HybridCollective::Create(
   PSD_REQUIRE_ARG(memory == MemoryKind::kHost || memory == MemoryKind::kDevice,
                   "HybridCollective::Create: memory kind ", static_cast<int>(memory),
                   " is invalid; expected host or device");
+  // Strategies keep scratch and state in host vectors and scale with a host loop: the Kernels
+  // contract has no device allocation or scale kernel yet, so device memory is refused here
+  // rather than failing inside a step.
+  PSD_REQUIRE(memory == MemoryKind::kHost, StatusCode::kUnimplemented,
+              "HybridCollective::Create: device memory is not supported yet (strategies need "
+              "device scratch and a scale kernel the Kernels contract lacks); use host memory");
   if (kernels == nullptr) {
     PSD_ASSIGN_OR_RETURN(kernels, KernelsFor(memory));
   }

@@ -46,6 +46,7 @@ struct Traffic {
 class HybridCollective {
  public:
   // kernels == nullptr: KernelsFor(memory). The communicator must outlive this object.
+  // Host memory only for now (device memory: kUnimplemented, see hybrid.cc).
   static Result<std::unique_ptr<HybridCollective>> Create(std::shared_ptr<Communicator> comm,
                                                           MemoryKind memory = MemoryKind::kHost,
                                                           const Kernels* kernels = nullptr);

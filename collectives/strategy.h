@@ -147,9 +147,9 @@ Status FailTogether(const StrategyContext& ctx, const Status& local);
 // For a fully connected layer given as factors only: grad = U^T V (this rank's gradient).
 Status FormGradientFromFactors(const LayerSpec& layer, const ExchangeBuffers& buf,
                                const StrategyContext& ctx);
-// data[i] *= scale / data[i] = 0 for n floats (host memory only: the Kernels contract has no
-// scale or fill kernel yet).
+// data[i] *= scale for n floats (host memory only: the Kernels contract has no scale kernel).
 Status Scale(float* data, size_t n, float scale, const StrategyContext& ctx);
+// data[i] = 0 for n floats (through Kernels::SumInto with no pieces).
 Status Zero(float* data, size_t n, const StrategyContext& ctx);
 }  // namespace strategy_internal
 

@@ -581,6 +581,10 @@ TEST(Hybrid, MixedPlanRunsEveryStrategyInOneStep) {
 }
 
 TEST(Hybrid, ErrorsNameTheCallAndValue) {
+  auto dev = HybridCollective::Create(World(), MemoryKind::kDevice);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.status().code(), StatusCode::kUnimplemented);
+  EXPECT_FALSE(HybridCollective::Create(nullptr).ok());
   auto h = MakeHybrid();
   std::vector<float> g(10);
   ExchangeBuffers b;
