@@ -10,10 +10,12 @@
 // is one buffer of the pipeline; rounds rotate through the 3 stages so that a rank may fill
 // the next stage while slower peers still read the previous one.
 //
-// Synchronization: each Sync() bumps this rank's counter (store-release) and waits until every
-// peer's counter has reached the same value (load-acquire). Waiting spins a little, then calls
-// sched_yield, then sleeps briefly, so 8 ranks on 2 cores still make progress; a wait longer
-// than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window unusable.
+// Synchronization: each Sync() bumps this rank's arrival counter and waits until every peer's
+// counter has reached the same value. A waiter spins briefly only when every rank has a core
+// of its own; otherwise (and after the spin) it sleeps on the peer's counter with a futex that
+// the peer wakes when it arrives, so 8 ranks on 2 cores never burn the cores their peers need.
+// A wait longer than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window
+// unusable.
 //
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
 // (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
@@ -78,6 +80,7 @@ class ShmCollectives {
   size_t chunk_bytes_ = 0;
   size_t slot_bytes_ = 0;
   double timeout_s_ = 0;
+  int spin_limit_ = 0;  // polls before sleeping; 0 when ranks outnumber cores
   std::vector<unsigned char*> bases_;  // every rank's segment, mapped here
   uint64_t arrivals_ = 0;              // Sync() calls made so far (same on every rank)
   uint64_t stage_ = 0;                 // pipeline rounds run so far (same on every rank)

@@ -1,0 +1,24 @@
+# Smoke tests of the OSU-style benchmarks (bench/osu): a few sizes, few runs, every timed result
+# checked against the exact formula; a program exits 1 when any #wrong > 0, failing the test.
+# The threshold and chunk are lowered so the sizes cover both the MPI path and the
+# shared-memory path over many chunks. Each program runs a different element type.
+if(TARGET osu_allreduce)
+  set(_osu_env POSEIDON_SHM_THRESHOLD_BYTES=16384 POSEIDON_SHM_CHUNK_BYTES=8192)
+  set(_osu_args -m 4:1M -i 3 -x 1 -f)
+  psd_add_mpi_test(osu_allreduce NP 2 3 4 TIMEOUT 90 LABELS bench ARGS ${_osu_args}
+                   ENV ${_osu_env})
+  psd_add_mpi_test(osu_reduce_scatter NP 2 3 4 TIMEOUT 90 LABELS bench
+                   ARGS ${_osu_args} -T float64 ENV ${_osu_env})
+  psd_add_mpi_test(osu_allgather NP 2 3 4 TIMEOUT 90 LABELS bench
+                   ARGS ${_osu_args} -T float16 --json ENV ${_osu_env})
+
+  # Option errors, one process (MPI singleton): clear messages, exit status 2.
+  add_test(NAME osu_bad_size_range COMMAND osu_allreduce -m 5:2)
+  set_tests_properties(osu_bad_size_range PROPERTIES TIMEOUT 30 LABELS bench
+    ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "MIN 5 > MAX 2")
+  if(NOT POSEIDON_CUDA_ENABLED)
+    add_test(NAME osu_cuda_unavailable COMMAND osu_allgather -d cuda)
+    set_tests_properties(osu_cuda_unavailable PROPERTIES TIMEOUT 30 LABELS bench
+      ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "this build has no CUDA")
+  endif()
+endif()
