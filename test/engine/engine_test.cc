@@ -1,0 +1,532 @@
+// Multi-rank tests of the engine. Gradients hold exact values: rank r contributes
+// (r + 1) * f(i) with small integers f(i), so every sum is exact in float32 and the average is
+// sum * (1/P) computed once, the same float operation as the dense strategy: results compare
+// with == (bitwise) whether the engine fused, chunked or ran a layer alone.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "collectives/hybrid.h"
+#include "runtime/engine/engine.h"
+#include "runtime/settings.h"
+#include "test/mpi_test_main.h"
+
+namespace poseidon {
+namespace {
+
+using testing::World;
+using Clock = std::chrono::steady_clock;
+
+float F(size_t i) { return static_cast<float>(i % 5 + 1); }
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// A collective with dense layers of the given sizes, planned (all allreduce) without a probe.
+std::unique_ptr<HybridCollective> MakeCollective(const std::vector<size_t>& sizes) {
+  auto hc = HybridCollective::Create(World());
+  EXPECT_TRUE(hc.ok()) << hc.status().ToString();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    LayerSpec s;
+    s.name = "l" + std::to_string(i);
+    s.shape = {sizes[i]};
+    auto id = (*hc)->RegisterLayer(s);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+  }
+  PlannerOptions po;
+  Status st = (*hc)->BuildPlan(32, CostModel::Network(25e-6, 1.25e9), po);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return std::move(*hc);
+}
+
+EngineOptions Options(long long fusion, long long chunk) {
+  EngineOptions o;
+  o.fusion_bytes = fusion;
+  o.chunk_bytes = chunk;
+  o.stall_warn_s = 0;
+  o.stall_abort_s = 20;  // far above any test's time: a hang still ends
+  o.cycle_us = 200;
+  return o;
+}
+
+std::vector<float> Grad(size_t n, int rank, int step) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(rank + 1 + step) * F(i);
+  return g;
+}
+
+float Expected(size_t i, int world, int step) {
+  float sum = 0;
+  for (int r = 0; r < world; ++r) sum += static_cast<float>(r + 1 + step) * F(i);
+  return sum * (1.0f / static_cast<float>(world));
+}
+
+std::unique_ptr<Engine> MakeEngine(HybridCollective* hc, const EngineOptions& o) {
+  auto e = Engine::Create(World(), hc, o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+TEST(Engine, HandleWaitTestStatusAndCallback) {
+  const int P = World()->size(), me = World()->rank();
+  auto hc = MakeCollective({10, 3});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 1 << 20));
+  ASSERT_NE(engine, nullptr);
+
+  // Layer 0's callback holds the engine thread until we let it go, so layer 1 stays pending.
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<int> calls{0};
+  std::thread::id cb_thread;
+  Status cb_status = InternalError("callback not run");
+  auto g0 = Grad(10, me, 0), g1 = Grad(3, me, 0);
+  HandlePtr h0 = engine->Submit(0, g0.data(), g0.size(), 0, [&](const Status& s) {
+    cb_status = s;
+    cb_thread = std::this_thread::get_id();
+    calls++;
+    gate.wait();
+  });
+  HandlePtr h1 = engine->Submit(1, g1.data(), g1.size(), 0);
+  ASSERT_NE(h0, nullptr);
+  EXPECT_EQ(h0->layer(), 0);
+  EXPECT_EQ(h1->step(), 0);
+
+  EXPECT_EQ(h1->Wait(0.05).code(), StatusCode::kTimeout);
+  EXPECT_NE(h1->Wait(0.0).message().find("layer 1 (l1) step 0 is not complete"),
+            std::string::npos);
+  EXPECT_FALSE(h1->Test());
+  EXPECT_EQ(h1->status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(h1->status().message().find("still pending"), std::string::npos);
+
+  release.set_value();
+  ASSERT_TRUE(h0->Wait(10).ok()) << h0->status().ToString();
+  ASSERT_TRUE(h1->Wait(10).ok()) << h1->status().ToString();
+  EXPECT_TRUE(h0->Test());
+  EXPECT_TRUE(h1->status().ok());
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_TRUE(cb_status.ok());
+  EXPECT_NE(cb_thread, std::this_thread::get_id());
+  for (size_t i = 0; i < g0.size(); ++i) EXPECT_EQ(g0[i], Expected(i, P, 0)) << i;
+  for (size_t i = 0; i < g1.size(); ++i) EXPECT_EQ(g1[i], Expected(i, P, 0)) << i;
+  EXPECT_TRUE(engine->Shutdown().ok());
+  EXPECT_EQ(calls.load(), 1);
+}
+
+// Runs `steps` iterations (layers submitted in backward order, waited in forward order) and
+// checks every result bitwise. Returns the engine's counters.
+EngineStats RunAndCheck(std::vector<size_t> sizes, const EngineOptions& o, int steps) {
+  const int P = World()->size(), me = World()->rank();
+  // A one-float gate layer (the last id) is submitted first each step; its callback holds the
+  // engine thread until every other layer of the step is queued, so that the step's layers
+  // reach the engine together on every rank and fusion has something to fuse.
+  sizes.push_back(1);
+  const size_t gate = sizes.size() - 1;
+  auto hc = MakeCollective(sizes);
+  auto engine = MakeEngine(hc.get(), o);
+  EXPECT_NE(engine, nullptr);
+  if (!engine) return {};
+  std::vector<std::vector<float>> g(sizes.size());
+  std::vector<HandlePtr> h(sizes.size());
+  for (int step = 0; step < steps; ++step) {
+    std::promise<void> release;
+    std::shared_future<void> opened = release.get_future().share();
+    g[gate] = Grad(1, me, step);
+    h[gate] = engine->Submit(static_cast<int>(gate), g[gate].data(), 1, step,
+                             [opened](const Status&) { opened.wait(); });
+    for (size_t l = gate; l-- > 0;) {
+      g[l] = Grad(sizes[l], me, step);
+      h[l] = engine->Submit(static_cast<int>(l), g[l].data(), g[l].size(), step);
+    }
+    release.set_value();
+    for (size_t l = 0; l < sizes.size(); ++l) {
+      Status s = h[l]->Wait(30);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      size_t wrong = 0;
+      for (size_t i = 0; i < sizes[l]; ++i) wrong += g[l][i] != Expected(i, P, step);
+      EXPECT_EQ(wrong, 0u) << "layer " << l << " step " << step;
+    }
+  }
+  EngineStats st = engine->stats();
+  EXPECT_TRUE(engine->Shutdown().ok());
+  EXPECT_EQ(st.completed, static_cast<int64_t>(sizes.size()) * steps);
+  return st;
+}
+
+const std::vector<size_t> kSizes = {0, 1, 7, 1001, 5000, 70000, 3};
+
+TEST(Engine, UnfusedGivesExactAverages) {
+  EngineStats st = RunAndCheck(kSizes, Options(0, 0), 2);
+  EXPECT_EQ(st.fused_groups, 0);
+  EXPECT_EQ(st.chunks, 0);
+  EXPECT_EQ(st.direct_layers, 16);  // 7 layers + the gate, two steps
+}
+
+TEST(Engine, FusedMatchesUnfusedBitwise) {
+  // 64 KiB fusion buffer: the small layers share buffers, 70000 floats (280 KB) runs alone.
+  EngineStats st = RunAndCheck(kSizes, Options(64 << 10, 0), 2);
+  EXPECT_GT(st.fused_groups, 0);
+  EXPECT_GE(st.fused_layers, 2 * st.fused_groups);
+  EXPECT_GE(st.direct_layers, 2);  // the 70000-float layer, at least
+}
+
+TEST(Engine, ChunkedMatchesUnfusedBitwise) {
+  // 16 KiB chunks: 70000 floats -> 18 chunks, 5000 floats -> 2 chunks.
+  EngineStats st = RunAndCheck(kSizes, Options(0, 16 << 10), 2);
+  EXPECT_EQ(st.chunked_layers, 4);
+  EXPECT_EQ(st.chunks, 2 * (18 + 2));
+}
+
+TEST(Engine, FusedAndChunkedTogether) {
+  EngineStats st = RunAndCheck(kSizes, Options(8 << 10, 12 << 10), 3);
+  EXPECT_GT(st.fused_groups + st.direct_layers, 0);
+  EXPECT_EQ(st.chunked_layers, 6);  // 5000 and 70000 floats, three steps
+}
+
+TEST(Engine, MatchesHybridCollectiveExchange) {
+  // The strategy path (HybridCollective::Exchange) and the engine's own paths agree bitwise.
+  const int me = World()->rank();
+  auto hc = MakeCollective({4097});
+  auto ref = Grad(4097, me, 1);
+  ASSERT_TRUE(hc->Exchange(0, ExchangeBuffers{ref.data()}, 0).ok());
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 4 << 10));
+  auto g = Grad(4097, me, 1);
+  ASSERT_TRUE(engine->Submit(0, g.data(), g.size(), 1)->Wait(30).ok());
+  EXPECT_EQ(g, ref);
+}
+
+// Every handle of `handles` fails with `code` and a message holding every piece of `parts`,
+// within `limit_s` of `start`.
+void ExpectAllFail(const std::vector<HandlePtr>& handles, StatusCode code,
+                   const std::vector<std::string>& parts, Clock::time_point start,
+                   double limit_s) {
+  for (const auto& h : handles) {
+    Status s = h->Wait(limit_s + 5);
+    EXPECT_EQ(s.code(), code) << s.ToString();
+    for (const auto& p : parts) {
+      EXPECT_NE(s.message().find(p), std::string::npos) << "missing '" << p << "' in "
+                                                        << s.ToString();
+    }
+  }
+  EXPECT_LT(Seconds(start), limit_s);
+}
+
+TEST(Engine, DifferentSizeFailsEveryRank) {
+  const int P = World()->size(), me = World()->rank();
+  if (P < 2) GTEST_SKIP() << "needs two ranks";
+  auto hc = MakeCollective({16, 32, 8});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  std::vector<float> a(16, 1), b(32, 1), c(8, 1);
+  auto start = Clock::now();
+  std::vector<HandlePtr> h;
+  h.push_back(engine->Submit(2, c.data(), c.size(), 0));
+  h.push_back(engine->Submit(1, b.data(), me == P - 1 ? 31 : 32, 0));
+  h.push_back(engine->Submit(0, a.data(), a.size(), 0));
+  ExpectAllFail({h[1], h[2]}, StatusCode::kMismatch,
+                {"layer 1 (l1)", "element count", "count 32", "count 31",
+                 StrCat("rank ", P - 1, " submitted")},
+                start, 5);
+  // Layer 2 agreed: it ran, or it was still waiting when the mismatch failed everything.
+  Status s0 = h[0]->Wait(5);
+  EXPECT_TRUE(s0.ok() || s0.code() == StatusCode::kMismatch) << s0.ToString();
+  EXPECT_EQ(engine->status().code(), StatusCode::kMismatch);
+  // Sticky: later submissions fail at once with the same error.
+  HandlePtr later = engine->Submit(0, a.data(), a.size(), 1);
+  EXPECT_TRUE(later->Test());
+  EXPECT_EQ(later->status().code(), StatusCode::kMismatch);
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
+}
+
+TEST(Engine, DifferentOrderFailsEveryRank) {
+  const int P = World()->size(), me = World()->rank();
+  if (P < 2) GTEST_SKIP() << "needs two ranks";
+  auto hc = MakeCollective({16, 32});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  std::vector<float> a(16, 1), b(32, 1);
+  auto start = Clock::now();
+  std::vector<HandlePtr> h;
+  if (me == 0) {
+    h.push_back(engine->Submit(1, b.data(), b.size(), 0));
+    h.push_back(engine->Submit(0, a.data(), a.size(), 0));
+  } else {
+    h.push_back(engine->Submit(0, a.data(), a.size(), 0));
+    h.push_back(engine->Submit(1, b.data(), b.size(), 0));
+  }
+  ExpectAllFail(h, StatusCode::kMismatch,
+                {"sequence number", "different order", "rank 0 submitted #"}, start, 5);
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
+}
+
+TEST(Engine, SkippedLayerFailsEveryRank) {
+  const int P = World()->size(), me = World()->rank();
+  if (P < 2) GTEST_SKIP() << "needs two ranks";
+  auto hc = MakeCollective({16, 32, 8});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  std::vector<float> a(16, 1), b(32, 1), c(8, 1);
+  auto start = Clock::now();
+  std::vector<HandlePtr> h;
+  h.push_back(engine->Submit(2, c.data(), c.size(), 0));
+  if (me != P - 1) h.push_back(engine->Submit(1, b.data(), b.size(), 0));
+  h.push_back(engine->Submit(0, a.data(), a.size(), 0));
+  // Layer 0 is #2 on most ranks and #1 on the last; layer 1 waits everywhere but there.
+  ExpectAllFail({h.back()}, StatusCode::kMismatch,
+                {"layer 0 (l0)", "sequence number", "skipped a layer",
+                 StrCat("layer 1 (l1) is waiting on ranks ", P == 2 ? "0" : "0,"),
+                 StrCat("was not submitted by ranks ", P - 1)},
+                start, 5);
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
+}
+
+TEST(Engine, DifferentDtypeFailsEveryRank) {
+  const int P = World()->size(), me = World()->rank();
+  if (P < 2) GTEST_SKIP() << "needs two ranks";
+  auto hc = MakeCollective({16});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  std::vector<double> a(16, 1);
+  Gradient g;
+  g.data = a.data();
+  g.count = 16;
+  g.dtype = me == 0 ? DType::kFloat64 : DType::kFloat32;
+  auto start = Clock::now();
+  HandlePtr h = engine->Submit(0, g, 0);
+  ExpectAllFail({h}, StatusCode::kMismatch, {"layer 0 (l0)", "dtype", "float64", "float32"},
+                start, 5);
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
+}
+
+TEST(Engine, AgreedBadCountFailsOnlyThatHandle) {
+  const int me = World()->rank();
+  auto hc = MakeCollective({16, 8});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  std::vector<float> a(16, 1);
+  HandlePtr bad = engine->Submit(0, a.data(), 15, 0);
+  Status s = bad->Wait(10);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("count 15 on every rank, but the layer has 16 elements"),
+            std::string::npos)
+      << s.ToString();
+  // The engine stays healthy: nothing was exchanged, every rank took the same verdict.
+  auto g = Grad(16, me, 0);
+  EXPECT_TRUE(engine->Submit(0, g.data(), g.size(), 0)->Wait(10).ok());
+  EXPECT_TRUE(engine->Shutdown().ok());
+}
+
+TEST(Engine, InvalidSubmissionOnOneRankFailsEveryRank) {
+  const int P = World()->size(), me = World()->rank();
+  auto hc = MakeCollective({16});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  std::vector<float> a(16, 1);
+  auto start = Clock::now();
+  HandlePtr h = engine->Submit(0, me == P - 1 ? nullptr : a.data(), 16, 0);
+  Status s = h->Wait(10);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  if (me == P - 1) {
+    EXPECT_NE(s.message().find("gradient buffer is null"), std::string::npos) << s.ToString();
+  } else {
+    EXPECT_NE(s.message().find(StrCat("failed on rank ", P - 1)), std::string::npos)
+        << s.ToString();
+  }
+  EXPECT_LT(Seconds(start), 5);
+  // The engine stops on every rank with the gathered error.
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kInvalidArgument);
+  Status st = engine->status();
+  EXPECT_NE(st.message().find("gradient buffer is null"), std::string::npos) << st.ToString();
+}
+
+TEST(Engine, BadLayerIdAndOptions) {
+  auto hc = MakeCollective({4});
+  EngineOptions o = Options(-1, 0);
+  auto bad = Engine::Create(World(), hc.get(), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("POSEIDON_FUSION_BYTES=-1"), std::string::npos);
+  auto noplan = HybridCollective::Create(World());
+  ASSERT_TRUE(noplan.ok());
+  auto e2 = Engine::Create(World(), noplan->get(), Options(0, 0));
+  ASSERT_FALSE(e2.ok());
+  EXPECT_NE(e2.status().message().find("no plan"), std::string::npos);
+  EXPECT_FALSE(Engine::Create(World(), nullptr, Options(0, 0)).ok());
+
+  auto engine = MakeEngine(hc.get(), Options(0, 0));
+  std::vector<float> a(4, 1);
+  HandlePtr h = engine->Submit(7, a.data(), 4, 0);
+  EXPECT_TRUE(h->Test());
+  EXPECT_EQ(h->status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(h->status().message().find("layer id 7 is out of range; expected 0..0"),
+            std::string::npos);
+  // Every rank made the same mistake: every rank's engine stops with it.
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Engine, StallWarnsThenAborts) {
+  const int P = World()->size(), me = World()->rank();
+  if (P < 2) GTEST_SKIP() << "needs two ranks";
+  auto hc = MakeCollective({16, 8});
+  EngineOptions o = Options(1 << 20, 0);
+  o.stall_warn_s = 0.3;
+  o.stall_abort_s = 1.0;
+  // Rank 0 captures its stderr to check the warning names the missing rank.
+  char log_path[] = "/tmp/psd_engine_stall_XXXXXX";
+  int saved = -1;
+  if (me == 0) {
+    int fd = mkstemp(log_path);
+    ASSERT_GE(fd, 0);
+    std::fflush(stderr);
+    saved = dup(2);
+    dup2(fd, 2);
+    close(fd);
+  }
+  auto engine = MakeEngine(hc.get(), o);
+  std::vector<float> a(16, 1), b(8, 1);
+  auto start = Clock::now();
+  HandlePtr h1 = engine->Submit(1, b.data(), b.size(), 0);
+  HandlePtr h0;
+  if (me != P - 1) h0 = engine->Submit(0, a.data(), a.size(), 0);  // the last rank never does
+  EXPECT_TRUE(h1->Wait(10).ok());
+  if (h0) {
+    Status s = h0->Wait(10);
+    EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+    EXPECT_NE(s.message().find("stall abort"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("POSEIDON_STALL_ABORT_S=1"), std::string::npos);
+    EXPECT_NE(s.message().find(StrCat("layer 0 (l0) submitted on ranks 0")), std::string::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find(StrCat("missing on ranks ", P - 1)), std::string::npos)
+        << s.ToString();
+    EXPECT_GE(Seconds(start), 0.9);
+  }
+  // Every rank (the last one too, which has nothing pending) stops with the stall error.
+  while (engine->running() && Seconds(start) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kTimeout);
+  EXPECT_LT(Seconds(start), 5);
+  EXPECT_GE(engine->stats().stall_warnings, 1);
+  if (me == 0) {
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    std::ifstream in(log_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::remove(log_path);
+    EXPECT_NE(text.str().find("Engine: stall: waiting more than POSEIDON_STALL_WARN_S=0.3"),
+              std::string::npos)
+        << text.str();
+    EXPECT_NE(text.str().find(StrCat("missing on ranks ", P - 1)), std::string::npos)
+        << text.str();
+  }
+}
+
+TEST(Engine, ShutdownFailsPendingWork) {
+  const int me = World()->rank();
+  auto hc = MakeCollective({10, 3});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto g0 = Grad(10, me, 0), g1 = Grad(3, me, 0);
+  std::atomic<bool> entered{false};
+  HandlePtr h0 = engine->Submit(0, g0.data(), g0.size(), 0, [&](const Status&) {
+    entered = true;
+    gate.wait();
+  });
+  // Layer 1 is submitted while the engine thread sits in layer 0's callback, so it cannot
+  // have been taken in layer 0's cycle.
+  while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::atomic<bool> cb1{false};
+  HandlePtr h1 = engine->Submit(1, g1.data(), g1.size(), 0, [&](const Status& s) {
+    cb1 = s.code() == StatusCode::kAborted;
+  });
+  Status shut;
+  std::thread closer([&] { shut = engine->Shutdown(); });
+  // Once Shutdown has been asked for, status() says so; then let the engine thread go on.
+  while (engine->status().ok()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  release.set_value();
+  closer.join();
+  EXPECT_TRUE(shut.ok()) << shut.ToString();
+  EXPECT_TRUE(h0->Wait(1).ok());
+  Status s = h1->Wait(1);
+  EXPECT_EQ(s.code(), StatusCode::kAborted);
+  EXPECT_NE(s.message().find("layer 1 (l1) step 0: the engine was shut down"), std::string::npos)
+      << s.ToString();
+  EXPECT_TRUE(cb1.load());
+  HandlePtr after = engine->Submit(0, g0.data(), g0.size(), 1);
+  EXPECT_EQ(after->status().code(), StatusCode::kAborted);
+  EXPECT_FALSE(engine->running());
+}
+
+TEST(Engine, TimelineWritesChromeTrace) {
+  const int P = World()->size(), me = World()->rank();
+  // Every rank uses rank 0's pid in the name, so the names differ only by the rank tag.
+  int tag = static_cast<int>(getpid());
+  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string base = StrCat("/tmp/psd_engine_timeline_", tag, ".json");
+  auto hc = MakeCollective({1000, 20, 30000});
+  EngineOptions o = Options(1 << 10, 64 << 10);
+  o.timeline = base;
+  auto engine = MakeEngine(hc.get(), o);
+  const std::string file = engine->timeline_file();
+  EXPECT_EQ(file, P == 1 ? base : StrCat("/tmp/psd_engine_timeline_", tag, ".rank", me, ".json"));
+  std::vector<std::vector<float>> g = {Grad(1000, me, 0), Grad(20, me, 0), Grad(30000, me, 0)};
+  for (int step = 0; step < 2; ++step) {
+    std::vector<HandlePtr> h;
+    for (int l = 2; l >= 0; --l) h.push_back(engine->Submit(l, g[l].data(), g[l].size(), step));
+    for (auto& x : h) ASSERT_TRUE(x->Wait(30).ok());
+  }
+  ASSERT_TRUE(engine->Shutdown().ok());
+  std::ifstream in(file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string t = ss.str();
+  std::remove(file.c_str());
+  ASSERT_FALSE(t.empty());
+  EXPECT_EQ(t.front(), '[');
+  EXPECT_EQ(t.substr(t.size() - 2), "]\n");
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t p = t.find(what); p != std::string::npos; p = t.find(what, p + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("\"name\":\"done\""), 6u);
+  EXPECT_EQ(count("\"name\":\"submit\""), 6u);
+  EXPECT_EQ(count("\"name\":\"queue\""), 6u);
+  EXPECT_GE(count("\"name\":\"allreduce(chunk)\""), 2u);
+  EXPECT_EQ(count("\"name\":\"thread_name\""), 3u);
+  EXPECT_NE(t.find("layer 2 l2"), std::string::npos);
+  EXPECT_NE(t.find(StrCat("\"pid\":", me)), std::string::npos);
+}
+
+TEST(Engine, ManyStepsManyLayersNoLeftovers) {
+  // A longer run with callbacks: every handle completes once, in any rank count.
+  const int P = World()->size(), me = World()->rank();
+  std::vector<size_t> sizes;
+  for (int l = 0; l < 70; ++l) sizes.push_back(static_cast<size_t>(1 + 37 * l));  // 2 mask words
+  auto hc = MakeCollective(sizes);
+  auto engine = MakeEngine(hc.get(), Options(4 << 10, 8 << 10));
+  std::atomic<int> done{0};
+  std::vector<std::vector<float>> g(sizes.size());
+  for (int step = 0; step < 3; ++step) {
+    std::vector<HandlePtr> h(sizes.size());
+    for (size_t l = sizes.size(); l-- > 0;) {
+      g[l] = Grad(sizes[l], me, step);
+      h[l] = engine->Submit(static_cast<int>(l), g[l].data(), g[l].size(), step,
+                            [&](const Status& s) { done += s.ok(); });
+    }
+    for (size_t l = 0; l < sizes.size(); ++l) {
+      ASSERT_TRUE(h[l]->Wait(30).ok()) << h[l]->status().ToString();
+      EXPECT_EQ(g[l].back(), Expected(sizes[l] - 1, P, step));
+    }
+  }
+  EXPECT_TRUE(engine->Shutdown().ok());
+  EXPECT_EQ(done.load(), 3 * 70);
+}
+
+}  // namespace
+}  // namespace poseidon
