@@ -236,10 +236,13 @@ Result<double> TimeCollective(Backend& be, int reps, const std::function<Status(
   return Median(t);
 }
 
-Result<double> TimeKernel(const std::function<Status()>& fn) {
+// Median seconds of 3 calls of a kernel, each after a barrier: every rank computes at the same
+// time, as in training, so ranks sharing cores measure the contended rate they will see.
+Result<double> TimeKernel(Backend& be, const std::function<Status()>& fn) {
   PSD_CHECK(fn());
   std::vector<double> t;
   for (int r = 0; r < 3; ++r) {
+    PSD_CHECK(be.Barrier());
     double t0 = Now();
     PSD_CHECK(fn());
     t.push_back(Now() - t0);
@@ -295,20 +298,25 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels,
     // GEMM: 128 rows of 512 x 512 factors (a mid-sized FC layer at batch 32, P 4).
     const size_t rows = 128, gm = 512, gn = 512;
     std::vector<float> u(rows * gm, 0.5f), v(rows * gn, 0.25f), g(gm * gn, 0.0f);
-    PSD_ASSIGN_OR_RETURN(double t_gemm, TimeKernel([&] {
+    PSD_ASSIGN_OR_RETURN(double t_gemm, TimeKernel(be, [&] {
       return kernels.SufficientFactorGemm(u.data(), v.data(), rows, gm, gn, 1.0f, 0.0f, g.data(),
                                           nullptr);
     }));
     m.gemm_flops = 2.0 * rows * gm * gn / t_gemm;
 
-    // Fused residual top-k on 1 Mi floats at density 0.001.
+    // Fused residual top-k on 1 Mi floats at density 0.001, on gradient-like values (a
+    // hashed, continuous spread: few ties, like real gradients).
     const size_t n = 1u << 20, k = n / 1000;
     std::vector<float> grad(n), residual(n, 0.0f);
-    for (size_t i = 0; i < n; ++i) grad[i] = static_cast<float>((i * 2654435761u) % 1000) - 500;
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+      h ^= h >> 15;
+      grad[i] = (static_cast<float>(h % 2000001u) - 1000000.0f) * 1e-6f;
+    }
     std::vector<uint32_t> idx(k);
     std::vector<float> val(k);
     std::unique_ptr<KernelWorkspace> ws = kernels.NewWorkspace();
-    PSD_ASSIGN_OR_RETURN(double t_topk, TimeKernel([&] {
+    PSD_ASSIGN_OR_RETURN(double t_topk, TimeKernel(be, [&] {
       return kernels.FusedResidualTopK(grad.data(), residual.data(), nullptr, 0.0f, n, k,
                                        idx.data(), val.data(), ws.get(), nullptr);
     }));
@@ -319,7 +327,7 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels,
     std::vector<uint32_t> sidx(pairs);
     std::vector<float> sval(pairs, 1.0f);
     for (size_t j = 0; j < pairs; ++j) sidx[j] = static_cast<uint32_t>((j * 16 + 7) % n);
-    PSD_ASSIGN_OR_RETURN(double t_scatter, TimeKernel([&] {
+    PSD_ASSIGN_OR_RETURN(double t_scatter, TimeKernel(be, [&] {
       return kernels.ScatterAdd(sidx.data(), sval.data(), pairs, residual.data(), n, nullptr);
     }));
     m.scatter_bytes_per_s = 8.0 * pairs / t_scatter;
@@ -327,7 +335,7 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels,
     // SGD step over 1 Mi parameters.
     std::vector<float> param(n, 1.0f), velocity(n, 0.0f);
     SgdParams sp;
-    PSD_ASSIGN_OR_RETURN(double t_opt, TimeKernel([&] {
+    PSD_ASSIGN_OR_RETURN(double t_opt, TimeKernel(be, [&] {
       return kernels.SgdStep(param.data(), grad.data(), 1, 0, 1.0f, velocity.data(), n, sp,
                              nullptr);
     }));

@@ -13,10 +13,13 @@
 // (bytes of (index, value) pairs per second) and the optimizer step (bytes of parameters per
 // second).
 //
-// Probe (Measure): each collective at two sizes (4 KiB and 1 MiB payloads), a few repetitions,
-// median; alpha from the small size, beta from the difference; the kernels timed on typical
-// sizes. Rank 0's figures are broadcast so every rank plans from the same numbers (plans must
-// agree). Cached in a text file keyed by Communicator::host_key(); POSEIDON_REPROBE re-measures.
+// Probe (Measure): each collective at two payloads (4 KiB and 8 MiB), a few repetitions,
+// median; alpha from the small size, beta from the difference (8 MiB so that the figure holds
+// for the large layers that dominate a step: bus bandwidth falls once messages leave the
+// caches); the kernels timed on typical sizes with every rank computing at once (ranks that
+// share cores see contended rates). Rank 0's figures are broadcast so every rank plans from
+// the same numbers (plans must agree). Cached in a text file keyed by
+// Communicator::host_key(); POSEIDON_REPROBE re-measures.
 #pragma once
 
 #include <string>
@@ -75,7 +78,7 @@ struct CostModel {
 struct ProbeOptions {
   int repetitions = 5;              // per size; the median is kept
   size_t small_bytes = 4096;        // payload for the latency point
-  size_t large_bytes = 1u << 20;    // payload for the bandwidth point
+  size_t large_bytes = 8u << 20;    // payload for the bandwidth point
   bool time_kernels = true;         // false: keep the default compute rates (tests)
 };
 
