@@ -36,9 +36,9 @@ class AllReduce final : public Strategy {
   }
 
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
-                  int64_t step, const StrategyContext& ctx,
-                  ExchangeReport* report) const override {
-    if (Status st = strategy_internal::CheckBuffers("Exchange(allreduce)", layer, buf, true); !st.ok()) {
+                  int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
+    if (Status st = strategy_internal::CheckBuffers("Exchange(allreduce)", layer, buf, true);
+        !st.ok()) {
       return strategy_internal::FailTogether(ctx, st);
     }
     auto* s = static_cast<DenseState*>(state);

@@ -9,10 +9,14 @@ namespace poseidon {
 
 const Strategy& GetStrategy(StrategyKind kind) {
   switch (kind) {
-    case StrategyKind::kPs: return strategy_internal::PsStrategy();
-    case StrategyKind::kSfb: return strategy_internal::SfbStrategy();
-    case StrategyKind::kTopk: return strategy_internal::TopkStrategy();
-    case StrategyKind::kAllReduce: break;
+    case StrategyKind::kPs:
+      return strategy_internal::PsStrategy();
+    case StrategyKind::kSfb:
+      return strategy_internal::SfbStrategy();
+    case StrategyKind::kTopk:
+      return strategy_internal::TopkStrategy();
+    case StrategyKind::kAllReduce:
+      break;
   }
   return strategy_internal::AllReduceStrategy();
 }
@@ -32,8 +36,8 @@ Status OptimizerState::Apply(float* params, const float* grads, int num_grads, s
       if (second_.size() != n) second_.assign(n, 0.0f);
       AdamParams p = spec_.adam;
       p.step = steps_;  // bias correction counts the steps this state has taken
-      return k.AdamStep(params, grads, num_grads, stride, grad_scale, first_.data(),
-                        second_.data(), n, p, ctx.call.stream);
+      return k.AdamStep(params, grads, num_grads, stride, grad_scale, first_.data(), second_.data(),
+                        n, p, ctx.call.stream);
     }
     case OptimizerSpec::Kind::kNone:
       break;

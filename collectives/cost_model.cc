@@ -32,9 +32,12 @@ namespace poseidon {
 
 const char* CollectiveKindName(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return "allreduce";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllGather: return "allgather";
+    case CollectiveKind::kAllReduce:
+      return "allreduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "allgather";
   }
   return "invalid";
 }
@@ -148,8 +151,7 @@ double Median(std::vector<double> v) {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -168,8 +170,8 @@ Result<CostModel> CostModel::Parse(const std::string& text, std::string* host_ke
   std::istringstream is(text);
   std::string line;
   int line_no = 0;
-  PSD_REQUIRE_ARG(std::getline(is, line) && line == kHeader,
-                  "CostModel::Parse: line 1 is '", line, "'; expected '", kHeader, "'");
+  PSD_REQUIRE_ARG(std::getline(is, line) && line == kHeader, "CostModel::Parse: line 1 is '", line,
+                  "'; expected '", kHeader, "'");
   ++line_no;
   std::vector<std::string> names = FigureNames();
   std::vector<double> f(kNumFigures, 0);
@@ -212,8 +214,7 @@ std::string CostModel::Summary() const {
   os.precision(3);
   for (int i = 0; i < kNumCollectiveKinds; ++i) {
     os << CollectiveKindName(static_cast<CollectiveKind>(i)) << " " << link[i].alpha_s * 1e6
-       << "us/step " << (link[i].beta_s_per_b > 0 ? 1e-9 / link[i].beta_s_per_b : 0.0)
-       << "GB/s; ";
+       << "us/step " << (link[i].beta_s_per_b > 0 ? 1e-9 / link[i].beta_s_per_b : 0.0) << "GB/s; ";
   }
   os << "gemm " << gemm_flops * 1e-9 << " GF/s; topk " << topk_bytes_per_s * 1e-9
      << " GB/s; scatter " << scatter_bytes_per_s * 1e-9 << " GB/s; optimizer "
@@ -252,8 +253,7 @@ Result<double> TimeKernel(Backend& be, const std::function<Status()>& fn) {
 
 }  // namespace
 
-Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels,
-                                   const ProbeOptions& opt) {
+Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels, const ProbeOptions& opt) {
   PSD_REQUIRE_ARG(opt.repetitions >= 1, "MeasureCostModel: repetitions ", opt.repetitions,
                   " is invalid; expected >= 1");
   PSD_REQUIRE_ARG(opt.small_bytes >= 4 && opt.large_bytes > opt.small_bytes,
@@ -299,9 +299,9 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels,
     const size_t rows = 128, gm = 512, gn = 512;
     std::vector<float> u(rows * gm, 0.5f), v(rows * gn, 0.25f), g(gm * gn, 0.0f);
     PSD_ASSIGN_OR_RETURN(double t_gemm, TimeKernel(be, [&] {
-      return kernels.SufficientFactorGemm(u.data(), v.data(), rows, gm, gn, 1.0f, 0.0f, g.data(),
-                                          nullptr);
-    }));
+                           return kernels.SufficientFactorGemm(u.data(), v.data(), rows, gm, gn,
+                                                               1.0f, 0.0f, g.data(), nullptr);
+                         }));
     m.gemm_flops = 2.0 * rows * gm * gn / t_gemm;
 
     // Fused residual top-k on 1 Mi floats at density 0.001, on gradient-like values (a
@@ -317,9 +317,10 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels,
     std::vector<float> val(k);
     std::unique_ptr<KernelWorkspace> ws = kernels.NewWorkspace();
     PSD_ASSIGN_OR_RETURN(double t_topk, TimeKernel(be, [&] {
-      return kernels.FusedResidualTopK(grad.data(), residual.data(), nullptr, 0.0f, n, k,
-                                       idx.data(), val.data(), ws.get(), nullptr);
-    }));
+                           return kernels.FusedResidualTopK(grad.data(), residual.data(), nullptr,
+                                                            0.0f, n, k, idx.data(), val.data(),
+                                                            ws.get(), nullptr);
+                         }));
     m.topk_bytes_per_s = 4.0 * n / t_topk;
 
     // Scatter-add of 64 Ki pairs into 1 Mi floats.
@@ -328,17 +329,18 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels,
     std::vector<float> sval(pairs, 1.0f);
     for (size_t j = 0; j < pairs; ++j) sidx[j] = static_cast<uint32_t>((j * 16 + 7) % n);
     PSD_ASSIGN_OR_RETURN(double t_scatter, TimeKernel(be, [&] {
-      return kernels.ScatterAdd(sidx.data(), sval.data(), pairs, residual.data(), n, nullptr);
-    }));
+                           return kernels.ScatterAdd(sidx.data(), sval.data(), pairs,
+                                                     residual.data(), n, nullptr);
+                         }));
     m.scatter_bytes_per_s = 8.0 * pairs / t_scatter;
 
     // SGD step over 1 Mi parameters.
     std::vector<float> param(n, 1.0f), velocity(n, 0.0f);
     SgdParams sp;
     PSD_ASSIGN_OR_RETURN(double t_opt, TimeKernel(be, [&] {
-      return kernels.SgdStep(param.data(), grad.data(), 1, 0, 1.0f, velocity.data(), n, sp,
-                             nullptr);
-    }));
+                           return kernels.SgdStep(param.data(), grad.data(), 1, 0, 1.0f,
+                                                  velocity.data(), n, sp, nullptr);
+                         }));
     m.optimizer_bytes_per_s = 4.0 * n / t_opt;
   }
 

@@ -36,17 +36,17 @@ inline constexpr int kNumCollectiveKinds = 3;
 const char* CollectiveKindName(CollectiveKind kind);
 
 struct LinkCost {
-  double alpha_s = 0;        // seconds per ring step
-  double beta_s_per_b = 0;   // seconds per wire byte (1 / bus bandwidth)
+  double alpha_s = 0;       // seconds per ring step
+  double beta_s_per_b = 0;  // seconds per wire byte (1 / bus bandwidth)
 };
 
 struct CostModel {
   LinkCost link[kNumCollectiveKinds];
-  double gemm_flops = 1e10;           // flop/s of SufficientFactorGemm
-  double topk_bytes_per_s = 1e9;      // gradient bytes scanned per second by FusedResidualTopK
-  double scatter_bytes_per_s = 1e9;   // (index, value) pair bytes per second of ScatterAdd
-  double optimizer_bytes_per_s = 1e9; // parameter bytes per second of SgdStep / AdamStep
-  std::string source = "default";     // "measured", "cache:<path>", "network", "default", ...
+  double gemm_flops = 1e10;            // flop/s of SufficientFactorGemm
+  double topk_bytes_per_s = 1e9;       // gradient bytes scanned per second by FusedResidualTopK
+  double scatter_bytes_per_s = 1e9;    // (index, value) pair bytes per second of ScatterAdd
+  double optimizer_bytes_per_s = 1e9;  // parameter bytes per second of SgdStep / AdamStep
+  std::string source = "default";      // "measured", "cache:<path>", "network", "default", ...
 
   // Steps and wire bytes of one collective (see the table above).
   static double Steps(CollectiveKind kind, int world);
@@ -76,10 +76,10 @@ struct CostModel {
 };
 
 struct ProbeOptions {
-  int repetitions = 5;              // per size; the median is kept
-  size_t small_bytes = 4096;        // payload for the latency point
-  size_t large_bytes = 8u << 20;    // payload for the bandwidth point
-  bool time_kernels = true;         // false: keep the default compute rates (tests)
+  int repetitions = 5;            // per size; the median is kept
+  size_t small_bytes = 4096;      // payload for the latency point
+  size_t large_bytes = 8u << 20;  // payload for the bandwidth point
+  bool time_kernels = true;       // false: keep the default compute rates (tests)
 };
 
 // Runs the probe on `backend` (collective: every rank calls it) with `kernels`; every rank

@@ -48,8 +48,7 @@ Status HybridCollective::CheckId(const char* call, int id) const {
 Result<int> HybridCollective::RegisterLayer(const LayerSpec& spec) {
   PSD_ASSIGN_OR_RETURN(LayerSpec resolved, ResolveLayerSpec(spec));
   PSD_REQUIRE_ARG(ids_.count(resolved.name) == 0, "RegisterLayer: layer name '", resolved.name,
-                  "' is already registered (id ", ids_[resolved.name],
-                  "); expected unique names");
+                  "' is already registered (id ", ids_[resolved.name], "); expected unique names");
   int id = num_layers();
   Layer l;
   l.spec = std::move(resolved);

@@ -37,10 +37,10 @@ namespace poseidon {
 // Traffic counters (wire bytes per rank, see cost_model.h).
 struct Traffic {
   int64_t exchanges = 0;
-  double bytes_sent = 0;          // what the chosen strategies sent
-  double dense_bytes = 0;         // what dense allreduce would have sent for the same exchanges
-  double last_bytes_sent = 0;     // the most recent exchange (per layer) or iteration (total)
-  int64_t dense_fallbacks = 0;    // topk exchanges that ran dense (warm-up, small layer)
+  double bytes_sent = 0;        // what the chosen strategies sent
+  double dense_bytes = 0;       // what dense allreduce would have sent for the same exchanges
+  double last_bytes_sent = 0;   // the most recent exchange (per layer) or iteration (total)
+  int64_t dense_fallbacks = 0;  // topk exchanges that ran dense (warm-up, small layer)
 };
 
 class HybridCollective {

@@ -10,9 +10,12 @@ namespace poseidon {
 
 const char* LayerKindName(LayerKind kind) {
   switch (kind) {
-    case LayerKind::kDense: return "dense";
-    case LayerKind::kFullyConnected: return "fc";
-    case LayerKind::kSparse: return "sparse";
+    case LayerKind::kDense:
+      return "dense";
+    case LayerKind::kFullyConnected:
+      return "fc";
+    case LayerKind::kSparse:
+      return "sparse";
   }
   return "invalid";
 }
@@ -27,10 +30,14 @@ Result<LayerKind> ParseLayerKind(const std::string& name) {
 
 const char* StrategyName(StrategyKind kind) {
   switch (kind) {
-    case StrategyKind::kAllReduce: return "allreduce";
-    case StrategyKind::kPs: return "ps";
-    case StrategyKind::kSfb: return "sfb";
-    case StrategyKind::kTopk: return "topk";
+    case StrategyKind::kAllReduce:
+      return "allreduce";
+    case StrategyKind::kPs:
+      return "ps";
+    case StrategyKind::kSfb:
+      return "sfb";
+    case StrategyKind::kTopk:
+      return "topk";
   }
   return "invalid";
 }
@@ -88,9 +95,12 @@ std::string StrategyListName(const std::vector<StrategyKind>& list) {
 
 const char* OptimizerName(OptimizerSpec::Kind kind) {
   switch (kind) {
-    case OptimizerSpec::Kind::kNone: return "none";
-    case OptimizerSpec::Kind::kSgd: return "sgd";
-    case OptimizerSpec::Kind::kAdam: return "adam";
+    case OptimizerSpec::Kind::kNone:
+      return "none";
+    case OptimizerSpec::Kind::kSgd:
+      return "sgd";
+    case OptimizerSpec::Kind::kAdam:
+      return "adam";
   }
   return "invalid";
 }
@@ -144,7 +154,8 @@ Result<LayerSpec> ResolveLayerSpec(const LayerSpec& in) {
                   "optimizer steps are float32)");
   PSD_REQUIRE_ARG(s.kind == LayerKind::kDense || s.kind == LayerKind::kFullyConnected ||
                       s.kind == LayerKind::kSparse,
-                  who, ": kind ", static_cast<int>(s.kind), " is invalid; expected dense, fc or "
+                  who, ": kind ", static_cast<int>(s.kind),
+                  " is invalid; expected dense, fc or "
                   "sparse");
   // Element count must fit the 32-bit top-k indices and the backend's int counts.
   double elems = 1;

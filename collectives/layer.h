@@ -85,11 +85,11 @@ struct TopkOptions {
 };
 
 struct LayerSpec {
-  std::string name;            // non-empty, no whitespace (plans are whitespace tables)
-  std::vector<size_t> shape;   // kFullyConnected: exactly {M, N}; others: any, may hold 0
+  std::string name;           // non-empty, no whitespace (plans are whitespace tables)
+  std::vector<size_t> shape;  // kFullyConnected: exactly {M, N}; others: any, may hold 0
   DType dtype = DType::kFloat32;
   LayerKind kind = LayerKind::kDense;
-  std::optional<StrategyKind> force;    // this layer always uses this strategy
+  std::optional<StrategyKind> force;     // this layer always uses this strategy
   std::vector<StrategyKind> candidates;  // empty: POSEIDON_CANDIDATES
   TopkOptions topk;
   OptimizerSpec optimizer;

@@ -20,10 +20,14 @@ namespace {
 // Lower wins a tie: sfb (lossless, Poseidon's rule is "<="), allreduce, ps, topk (lossy).
 int TiePreference(StrategyKind s) {
   switch (s) {
-    case StrategyKind::kSfb: return 0;
-    case StrategyKind::kAllReduce: return 1;
-    case StrategyKind::kPs: return 2;
-    case StrategyKind::kTopk: return 3;
+    case StrategyKind::kSfb:
+      return 0;
+    case StrategyKind::kAllReduce:
+      return 1;
+    case StrategyKind::kPs:
+      return 2;
+    case StrategyKind::kTopk:
+      return 3;
   }
   return 4;
 }
@@ -74,8 +78,8 @@ Result<PlannerOptions> PlannerOptions::FromSettings() {
   return o;
 }
 
-Result<PlanEntry> PlanLayer(const LayerSpec& layer, size_t batch, int world,
-                            const CostModel& model, const PlannerOptions& options) {
+Result<PlanEntry> PlanLayer(const LayerSpec& layer, size_t batch, int world, const CostModel& model,
+                            const PlannerOptions& options) {
   PSD_REQUIRE_ARG(world >= 1, "PlanLayer: world ", world, " is invalid; expected >= 1");
   PlanEntry e;
   e.layer = layer.name;
@@ -90,8 +94,8 @@ Result<PlanEntry> PlanLayer(const LayerSpec& layer, size_t batch, int world,
   for (StrategyKind s : kAllStrategies) {
     CandidateCost c;
     c.strategy = s;
-    bool considered = s == StrategyKind::kAllReduce || Contains(cands, s) || layer.force == s ||
-                      global == s;
+    bool considered =
+        s == StrategyKind::kAllReduce || Contains(cands, s) || layer.force == s || global == s;
     c.applies = considered && StrategyApplies(s, layer, nullptr);
     c.candidate = c.applies && Contains(cands, s);
     if (c.applies) {
@@ -233,10 +237,10 @@ Result<Plan> ParsePlan(const std::string& text) {
       std::string p, k;
       hs >> p >> k;
       size_t model_at = line.find(" model=");
-      PSD_REQUIRE_ARG(p.rfind("P=", 0) == 0 && k.rfind("K=", 0) == 0 &&
-                          model_at != std::string::npos,
-                      "ParsePlan: line ", line_no, " '", line,
-                      "' is not '# poseidon-plan P=<n> K=<n> model=<source>'");
+      PSD_REQUIRE_ARG(
+          p.rfind("P=", 0) == 0 && k.rfind("K=", 0) == 0 && model_at != std::string::npos,
+          "ParsePlan: line ", line_no, " '", line,
+          "' is not '# poseidon-plan P=<n> K=<n> model=<source>'");
       plan.world = std::atoi(p.c_str() + 2);
       plan.batch = static_cast<size_t>(std::strtoull(k.c_str() + 2, nullptr, 10));
       plan.model_source = line.substr(model_at + 7);

@@ -78,7 +78,7 @@ Result<Plan> MakePlan(const std::vector<LayerSpec>& layers, size_t batch, int wo
                       const CostModel& model, const PlannerOptions& options);
 
 // Costs and choice for one layer (MakePlan calls it for each).
-Result<PlanEntry> PlanLayer(const LayerSpec& layer, size_t batch, int world,
-                            const CostModel& model, const PlannerOptions& options);
+Result<PlanEntry> PlanLayer(const LayerSpec& layer, size_t batch, int world, const CostModel& model,
+                            const PlannerOptions& options);
 
 }  // namespace poseidon

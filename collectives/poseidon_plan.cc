@@ -28,8 +28,8 @@ struct Args {
   long long batch = -1;  // -1: the model's
   double latency_us = 25;
   double bandwidth_gbit = 10;
-  double gemm_gflops = 1000;     // a GPU's GEMM; --gemm-gflops for a CPU
-  double topk_gbytes = 100;      // GPU-class selection throughput
+  double gemm_gflops = 1000;  // a GPU's GEMM; --gemm-gflops for a CPU
+  double topk_gbytes = 100;   // GPU-class selection throughput
   double optimizer_gbytes = 200;
   std::string optimizer = "sgd";
   bool sparse = false;
@@ -59,8 +59,8 @@ Result<Args> ParseArgs(int argc, char** argv) {
       PSD_ASSIGN_OR_RETURN(std::string v, next());
       char* end = nullptr;
       *out = std::strtod(v.c_str(), &end);
-      PSD_REQUIRE_ARG(end != v.c_str() && *end == '\0' && *out > 0, "poseidon_plan: ", k, " '",
-                      v, "' is not a positive number");
+      PSD_REQUIRE_ARG(end != v.c_str() && *end == '\0' && *out > 0, "poseidon_plan: ", k, " '", v,
+                      "' is not a positive number");
       return Status::Ok();
     };
     if (k == "--model") {
@@ -98,8 +98,7 @@ Result<Args> ParseArgs(int argc, char** argv) {
     } else if (k == "--optimizer") {
       PSD_ASSIGN_OR_RETURN(a.optimizer, next());
       PSD_REQUIRE_ARG(a.optimizer == "none" || a.optimizer == "sgd" || a.optimizer == "adam",
-                      "poseidon_plan: --optimizer '", a.optimizer,
-                      "'; expected none, sgd or adam");
+                      "poseidon_plan: --optimizer '", a.optimizer, "'; expected none, sgd or adam");
     } else if (k == "--sparse") {
       a.sparse = true;
     } else if (k == "--summary") {
@@ -126,8 +125,8 @@ int Run(int argc, char** argv) {
   model.topk_bytes_per_s = a.topk_gbytes * 1e9;
   model.scatter_bytes_per_s = a.topk_gbytes * 1e9;
   model.optimizer_bytes_per_s = a.optimizer_gbytes * 1e9;
-  model.source = StrCat("network(", a.latency_us, "us,", a.bandwidth_gbit, "Gbit/s,",
-                        a.gemm_gflops, "GF/s)");
+  model.source =
+      StrCat("network(", a.latency_us, "us,", a.bandwidth_gbit, "Gbit/s,", a.gemm_gflops, "GF/s)");
   std::vector<int> nps = a.nps;
   std::shared_ptr<Communicator> comm;
   bool print = true;
@@ -204,8 +203,8 @@ int Run(int argc, char** argv) {
       double t = plan->PredictedTime(), td = plan->DenseAllReduceTime();
       double b = plan->PredictedBytes(), bd = plan->DenseAllReduceBytes();
       std::printf("%5d %9d %5d %5d %5d %12.3f %12.3f %8.2f %14.2f %14.2f %8.2f\n", p, count[0],
-                  count[1], count[2], count[3], t * 1e3, td * 1e3, t > 0 ? td / t : 1.0,
-                  b / 1e6, bd / 1e6, b > 0 ? bd / b : 1.0);
+                  count[1], count[2], count[3], t * 1e3, td * 1e3, t > 0 ? td / t : 1.0, b / 1e6,
+                  bd / 1e6, b > 0 ? bd / b : 1.0);
     }
   }
   if (comm) {

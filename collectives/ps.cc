@@ -22,8 +22,8 @@ namespace {
 class PsState : public LayerState {
  public:
   explicit PsState(const OptimizerSpec& spec) : opt(spec) {}
-  OptimizerState opt;         // for this rank's shard only
-  std::vector<float> shard;   // the summed gradient of the shard, then the updated shard
+  OptimizerState opt;        // for this rank's shard only
+  std::vector<float> shard;  // the summed gradient of the shard, then the updated shard
 };
 
 class Ps final : public Strategy {
@@ -50,14 +50,13 @@ class Ps final : public Strategy {
   Result<std::unique_ptr<LayerState>> NewState(const LayerSpec& layer,
                                                const StrategyContext&) const override {
     std::string why;
-    PSD_REQUIRE_ARG(StrategyApplies(StrategyKind::kPs, layer, &why), "ps: layer ", layer.name,
-                    ": ", why);
+    PSD_REQUIRE_ARG(StrategyApplies(StrategyKind::kPs, layer, &why), "ps: layer ", layer.name, ": ",
+                    why);
     return std::unique_ptr<LayerState>(new PsState(layer.optimizer));
   }
 
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
-                  int64_t step, const StrategyContext& ctx,
-                  ExchangeReport* report) const override {
+                  int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(ps)";
     PSD_REQUIRE_ARG(layer.optimizer.enabled(), call, ": layer ", layer.name,
                     " has no optimizer; ps updates parameters on the shard owner, so it needs "
@@ -75,17 +74,17 @@ class Ps final : public Strategy {
     s->shard.resize(mine);
 
     PSD_CHECK(strategy_internal::FormGradientFromFactors(layer, buf, ctx));
-    PSD_CHECK(ctx.backend->ReduceScatter(buf.grad, s->shard.data(), counts, DType::kFloat32,
-                                         ctx.call));
+    PSD_CHECK(
+        ctx.backend->ReduceScatter(buf.grad, s->shard.data(), counts, DType::kFloat32, ctx.call));
     const float inv = 1.0f / static_cast<float>(world);
     PSD_CHECK(s->opt.Apply(buf.params + offset, s->shard.data(), 1, 0, inv, mine, ctx));
     // MPI may not alias send and receive buffers, so the updated shard travels from scratch.
     if (mine > 0) {
-      PSD_CHECK(ctx.kernels->Pack({{buf.params + offset, mine * sizeof(float)}},
-                                  s->shard.data(), ctx.call.stream));
+      PSD_CHECK(ctx.kernels->Pack({{buf.params + offset, mine * sizeof(float)}}, s->shard.data(),
+                                  ctx.call.stream));
     }
-    PSD_CHECK(ctx.backend->AllGatherV(s->shard.data(), buf.params, counts, DType::kFloat32,
-                                      ctx.call));
+    PSD_CHECK(
+        ctx.backend->AllGatherV(s->shard.data(), buf.params, counts, DType::kFloat32, ctx.call));
     double bytes = 4.0 * static_cast<double>(n);
     report->bytes_sent += CostModel::WireBytes(CollectiveKind::kReduceScatter, world, bytes) +
                           CostModel::WireBytes(CollectiveKind::kAllGather, world, bytes);

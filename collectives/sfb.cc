@@ -54,8 +54,7 @@ class Sfb final : public Strategy {
   }
 
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
-                  int64_t step, const StrategyContext& ctx,
-                  ExchangeReport* report) const override {
+                  int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(sfb)";
     const size_t kmax = buf.max_batch == 0 ? buf.batch : buf.max_batch;
     Status args = strategy_internal::CheckBuffers(call, layer, buf, false);
@@ -65,9 +64,9 @@ class Sfb final : public Strategy {
                              "; expected batch <= max_batch (the planned K)");
     }
     if (args.ok() && buf.batch > 0 && (buf.u == nullptr || buf.v == nullptr)) {
-      args = InvalidArgument(call, ": layer ", layer.name, ": ", buf.u == nullptr ? "u" : "v",
-                             " is null with batch ", buf.batch,
-                             "; sfb needs both sufficient factors");
+      args =
+          InvalidArgument(call, ": layer ", layer.name, ": ", buf.u == nullptr ? "u" : "v",
+                          " is null with batch ", buf.batch, "; sfb needs both sufficient factors");
     }
     if (!args.ok()) return strategy_internal::FailTogether(ctx, args);
     auto* s = static_cast<SfbState*>(state);
@@ -107,8 +106,8 @@ class Sfb final : public Strategy {
       PSD_CHECK(ctx.kernels->Pack(vs, s->v_all.data(), ctx.call.stream));
       // 4. One GEMM over every gathered row, averaged.
       PSD_CHECK(ctx.kernels->SufficientFactorGemm(s->u_all.data(), s->v_all.data(), rows, m, n,
-                                                  1.0f / static_cast<float>(world), 0.0f,
-                                                  buf.grad, ctx.call.stream));
+                                                  1.0f / static_cast<float>(world), 0.0f, buf.grad,
+                                                  ctx.call.stream));
     }
     // 5. The optimizer on the full parameter.
     if (layer.optimizer.enabled()) {

@@ -57,7 +57,7 @@ struct CostEstimate {
 
 // What one exchange did, for the traffic counters.
 struct ExchangeReport {
-  double bytes_sent = 0;  // wire bytes per rank of the collectives it ran
+  double bytes_sent = 0;         // wire bytes per rank of the collectives it ran
   bool fell_back_dense = false;  // topk ran a dense allreduce (warm-up or a small layer)
 };
 

@@ -62,10 +62,9 @@ class Topk final : public Strategy {
     double k = static_cast<double>(strategy_internal::TopkCount(layer));
     double payload = 8.0 * k * world;
     CostEstimate c;
-    c.time_s = model.TopkTime(4.0 * n) +
-               model.CollectiveTime(CollectiveKind::kAllGather, world, payload) +
-               model.ScatterTime(payload) +
-               strategy_internal::FormGradientTime(layer, batch, model);
+    c.time_s =
+        model.TopkTime(4.0 * n) + model.CollectiveTime(CollectiveKind::kAllGather, world, payload) +
+        model.ScatterTime(payload) + strategy_internal::FormGradientTime(layer, batch, model);
     if (layer.optimizer.enabled()) c.time_s += model.OptimizerTime(4.0 * n);
     c.bytes_sent = CostModel::WireBytes(CollectiveKind::kAllGather, world, payload);
     return c;
@@ -74,15 +73,13 @@ class Topk final : public Strategy {
   Result<std::unique_ptr<LayerState>> NewState(const LayerSpec& layer,
                                                const StrategyContext& ctx) const override {
     std::string why;
-    PSD_REQUIRE_ARG(StrategyApplies(StrategyKind::kTopk, layer, &why), "topk: layer ",
-                    layer.name, ": ", why);
-    return std::unique_ptr<LayerState>(
-        new TopkState(layer.optimizer, ctx.kernels->NewWorkspace()));
+    PSD_REQUIRE_ARG(StrategyApplies(StrategyKind::kTopk, layer, &why), "topk: layer ", layer.name,
+                    ": ", why);
+    return std::unique_ptr<LayerState>(new TopkState(layer.optimizer, ctx.kernels->NewWorkspace()));
   }
 
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
-                  int64_t step, const StrategyContext& ctx,
-                  ExchangeReport* report) const override {
+                  int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(topk)";
     if (Status st = strategy_internal::CheckBuffers(call, layer, buf, true); !st.ok()) {
       return strategy_internal::FailTogether(ctx, st);
@@ -112,8 +109,8 @@ class Topk final : public Strategy {
                                              s->val_.data(), s->ws.get(), ctx.call.stream));
     // 3. [indices | values] as 2k 32-bit words, one allgather.
     s->send_.resize(2 * k);
-    PSD_CHECK(ctx.kernels->Pack({{s->idx_.data(), k * 4}, {s->val_.data(), k * 4}},
-                                s->send_.data(), ctx.call.stream));
+    PSD_CHECK(ctx.kernels->Pack({{s->idx_.data(), k * 4}, {s->val_.data(), k * 4}}, s->send_.data(),
+                                ctx.call.stream));
     s->gathered_.resize(2 * k * static_cast<size_t>(world));
     PSD_CHECK(ctx.backend->AllGather(s->send_.data(), s->gathered_.data(), 2 * k, DType::kInt32,
                                      ctx.call));

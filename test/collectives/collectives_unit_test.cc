@@ -167,8 +167,7 @@ TEST(Planner, BytesOnlyRuleFallsOutExactly) {
   EXPECT_LT(sfb, checked - 100);
   // The boundary itself: M = N = 64, 2MN/(M+N) = 64: P K = 64 is sfb, 65+ is not.
   EXPECT_EQ(PlanLayer(Resolved(Fc("b", 64, 64)), 16, 4, m, o)->choice, StrategyKind::kSfb);
-  EXPECT_EQ(PlanLayer(Resolved(Fc("b", 64, 64)), 13, 5, m, o)->choice,
-            StrategyKind::kAllReduce);
+  EXPECT_EQ(PlanLayer(Resolved(Fc("b", 64, 64)), 13, 5, m, o)->choice, StrategyKind::kAllReduce);
 }
 
 // Fixed figures; every expected time below is written out from the formulas in cost_model.h.
@@ -204,8 +203,8 @@ TEST(Planner, HandComputedChoices) {
   sp.topk.min_elements = 0;
   auto topk = PlanLayer(Resolved(sp), 32, p, m, o);
   ASSERT_TRUE(topk.ok());
-  EXPECT_NEAR(topk->cost(StrategyKind::kTopk).time_s,
-              4194304e-9 + 30e-6 + 25176e-9 + 33568e-9, 1e-15);
+  EXPECT_NEAR(topk->cost(StrategyKind::kTopk).time_s, 4194304e-9 + 30e-6 + 25176e-9 + 33568e-9,
+              1e-15);
   EXPECT_EQ(topk->choice, StrategyKind::kTopk);
   // Half as fast a selection kernel (8.39 ms) makes topk lose: measured compute matters.
   CostModel slow = m;
@@ -220,8 +219,7 @@ TEST(Planner, HandComputedChoices) {
   slow_opt.optimizer_bytes_per_s = 1e8;
   auto ps = PlanLayer(Resolved(opt), 32, p, slow_opt, o);
   ASSERT_TRUE(ps.ok());
-  EXPECT_NEAR(ps->cost(StrategyKind::kAllReduce).time_s, 60e-6 + 6291456e-9 + 41943040e-9,
-              1e-15);
+  EXPECT_NEAR(ps->cost(StrategyKind::kAllReduce).time_s, 60e-6 + 6291456e-9 + 41943040e-9, 1e-15);
   EXPECT_NEAR(ps->cost(StrategyKind::kPs).time_s, 60e-6 + 6291456e-9 + 10485760e-9, 1e-15);
   EXPECT_EQ(ps->choice, StrategyKind::kPs);
 

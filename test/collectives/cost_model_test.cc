@@ -1,8 +1,9 @@
 // Multi-rank tests of the cost-model probe and its cache: every rank gets identical figures,
 // the cache file is written, read back exactly, ignored when it names another host key or is
 // corrupt, and bypassed with POSEIDON_REPROBE. The probe runs with few repetitions to stay fast.
-#include <gtest/gtest.h>
+#include "collectives/cost_model.h"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,7 +11,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "collectives/cost_model.h"
 #include "collectives/hybrid.h"
 #include "runtime/settings.h"
 #include "test/mpi_test_main.h"

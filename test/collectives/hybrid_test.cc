@@ -4,13 +4,14 @@
 // in float32 and the dense average compares with ==; the GEMM and optimizer steps compare to
 // a double-precision reference within float32 rounding. Every rank must end bitwise identical:
 // a hash of the result is allgathered and compared.
+#include "collectives/hybrid.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "collectives/hybrid.h"
 #include "runtime/settings.h"
 #include "runtime/shard.h"
 #include "test/mpi_test_main.h"
@@ -142,8 +143,8 @@ TEST(AllReduce, AveragesExactlyForEveryShape) {
   auto h = MakeHybrid();
   const std::vector<std::vector<size_t>> shapes = {{0}, {1}, {7}, {1001}, {3, 5}, {64, 3, 3, 3}};
   for (size_t s = 0; s < shapes.size(); ++s) {
-    ASSERT_TRUE(h->RegisterLayer(Layer(StrCat("l", s), shapes[s], LayerKind::kDense,
-                                       StrategyKind::kAllReduce))
+    ASSERT_TRUE(h->RegisterLayer(
+                     Layer(StrCat("l", s), shapes[s], LayerKind::kDense, StrategyKind::kAllReduce))
                     .ok());
   }
   ASSERT_TRUE(Plan(*h, 1).ok());
@@ -180,13 +181,13 @@ TEST(Sfb, EqualsTheDenseSumOfFactorProducts) {
     bool vary;
     size_t k;
   };
-  const Case cases[] = {{5, 3, false, 1}, {1, 1, false, 1}, {17, 33, false, 4}, {8, 2, true, 3},
-                        {33, 65, true, 5}};
+  const Case cases[] = {
+      {5, 3, false, 1}, {1, 1, false, 1}, {17, 33, false, 4}, {8, 2, true, 3}, {33, 65, true, 5}};
   for (const Case& c : cases) {
     auto h = MakeHybrid();
-    ASSERT_TRUE(h->RegisterLayer(Layer("fc", {c.m, c.n}, LayerKind::kFullyConnected,
-                                       StrategyKind::kSfb))
-                    .ok());
+    ASSERT_TRUE(
+        h->RegisterLayer(Layer("fc", {c.m, c.n}, LayerKind::kFullyConnected, StrategyKind::kSfb))
+            .ok());
     ASSERT_TRUE(Plan(*h, c.k).ok());
     std::vector<size_t> batches(static_cast<size_t>(Size()), c.k);
     // Varying: rank r has (r % (k + 1)) rows, so some ranks have none at all.
@@ -215,9 +216,9 @@ TEST(Sfb, EqualsTheDenseSumOfFactorProducts) {
 // The same factors through allreduce (the gradient is formed locally) give the same average.
 TEST(Sfb, AllReduceOfFactorGradientsAgrees) {
   auto h = MakeHybrid();
-  ASSERT_TRUE(h->RegisterLayer(Layer("fc", {6, 10}, LayerKind::kFullyConnected,
-                                     StrategyKind::kAllReduce))
-                  .ok());
+  ASSERT_TRUE(
+      h->RegisterLayer(Layer("fc", {6, 10}, LayerKind::kFullyConnected, StrategyKind::kAllReduce))
+          .ok());
   ASSERT_TRUE(Plan(*h, 3).ok());
   std::vector<float> u(18), v(30), g(60);
   for (size_t k = 0; k < 3; ++k) {
@@ -236,9 +237,8 @@ TEST(Sfb, AllReduceOfFactorGradientsAgrees) {
 // A rank whose batch exceeds the planned K fails, and so does every other rank (no hang).
 TEST(Sfb, OneRankWithABadBatchFailsEveryRank) {
   auto h = MakeHybrid();
-  ASSERT_TRUE(h->RegisterLayer(Layer("fc", {4, 4}, LayerKind::kFullyConnected,
-                                     StrategyKind::kSfb))
-                  .ok());
+  ASSERT_TRUE(
+      h->RegisterLayer(Layer("fc", {4, 4}, LayerKind::kFullyConnected, StrategyKind::kSfb)).ok());
   ASSERT_TRUE(Plan(*h, 2).ok());
   std::vector<float> u(5 * 4, 1.0f), v(5 * 4, 1.0f), g(16);
   ExchangeBuffers b;
@@ -249,8 +249,7 @@ TEST(Sfb, OneRankWithABadBatchFailsEveryRank) {
   Status st = h->Exchange(0, b, 0);
   ASSERT_FALSE(st.ok());
   if (Rank() == Size() - 1) {
-    EXPECT_NE(st.message().find("batch 5 exceeds max_batch 2"), std::string::npos)
-        << st.message();
+    EXPECT_NE(st.message().find("batch 5 exceeds max_batch 2"), std::string::npos) << st.message();
   }
   // The collective is still usable afterwards.
   b.batch = 2;
@@ -415,15 +414,20 @@ void CheckTopkSteps(double momentum) {
     for (size_t j = 0; j < 10; ++j) {
       smallest_sent = std::min(smallest_sent, std::fabs(st->last_values()[j]));
     }
-    for (size_t i = 0; i < n; ++i) largest_left = std::max(largest_left, std::fabs(st->residual()[i]));
+    for (size_t i = 0; i < n; ++i)
+      largest_left = std::max(largest_left, std::fabs(st->residual()[i]));
     ASSERT_GE(smallest_sent, largest_left);
     // Expected result: every rank's pairs, added in rank order, times 1/P.
     std::vector<uint32_t> all_idx(10 * static_cast<size_t>(Size()));
     std::vector<float> all_val(10 * static_cast<size_t>(Size()));
-    ASSERT_TRUE(World()->host_backend().AllGather(st->last_indices().data(), all_idx.data(), 10,
-                                                  DType::kInt32).ok());
-    ASSERT_TRUE(World()->host_backend().AllGather(st->last_values().data(), all_val.data(), 10,
-                                                  DType::kFloat32).ok());
+    ASSERT_TRUE(World()
+                    ->host_backend()
+                    .AllGather(st->last_indices().data(), all_idx.data(), 10, DType::kInt32)
+                    .ok());
+    ASSERT_TRUE(World()
+                    ->host_backend()
+                    .AllGather(st->last_values().data(), all_val.data(), 10, DType::kFloat32)
+                    .ok());
     std::vector<float> want(n, 0.0f);
     for (size_t j = 0; j < all_idx.size(); ++j) want[all_idx[j]] += all_val[j];
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(g[i], want[i] * inv) << "i=" << i;
@@ -591,8 +595,7 @@ TEST(Hybrid, ErrorsNameTheCallAndValue) {
   b.grad = g.data();
   Status st = h->Exchange(0, b, 0);
   EXPECT_NE(st.message().find("layer id 0 is not registered"), std::string::npos);
-  ASSERT_TRUE(h->RegisterLayer(Layer("a", {10}, LayerKind::kDense, StrategyKind::kAllReduce))
-                  .ok());
+  ASSERT_TRUE(h->RegisterLayer(Layer("a", {10}, LayerKind::kDense, StrategyKind::kAllReduce)).ok());
   auto dup = h->RegisterLayer(Layer("a", {3}, LayerKind::kDense, StrategyKind::kAllReduce));
   EXPECT_NE(dup.status().message().find("already registered"), std::string::npos);
   st = h->Exchange(0, b, 0);
@@ -616,11 +619,10 @@ TEST(Hybrid, ErrorsNameTheCallAndValue) {
 TEST(Hybrid, DisagreeingPlansFailEveryRank) {
   if (Size() == 1) GTEST_SKIP() << "needs two ranks";
   auto h = MakeHybrid();
-  ASSERT_TRUE(h->RegisterLayer(Layer("a", {10}, LayerKind::kDense, StrategyKind::kAllReduce))
-                  .ok());
+  ASSERT_TRUE(h->RegisterLayer(Layer("a", {10}, LayerKind::kDense, StrategyKind::kAllReduce)).ok());
   if (Rank() == 0) {
-    ASSERT_TRUE(h->RegisterLayer(Layer("b", {5}, LayerKind::kDense, StrategyKind::kAllReduce))
-                    .ok());
+    ASSERT_TRUE(
+        h->RegisterLayer(Layer("b", {5}, LayerKind::kDense, StrategyKind::kAllReduce)).ok());
   }
   Status st = Plan(*h, 1);
   ASSERT_FALSE(st.ok());

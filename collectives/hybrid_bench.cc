@@ -184,8 +184,8 @@ int Sweep(std::shared_ptr<Communicator> comm, const CostModel& model, const Opti
                   ok ? "" : "  <-- planner off by >10%");
     }
   }
-  if (root) std::printf("# planner within 10%% of the measured best on %d of %d layers\n", agree,
-                        total);
+  if (root)
+    std::printf("# planner within 10%% of the measured best on %d of %d layers\n", agree, total);
   return 0;
 }
 
