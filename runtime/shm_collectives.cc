@@ -234,7 +234,9 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   s->locked_ = true;
   __atomic_store_n(const_cast<uint64_t*>(s->Counter(rank)), 0, __ATOMIC_RELEASE);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  s->spin_limit_ = (cores > 0 && size <= cores) ? 4000 : 0;
+  // A few microseconds cover a peer that is running and nearly there; longer spins only burn
+  // a core that a descheduled peer (or another job) needs.
+  s->spin_s_ = (cores > 0 && size <= cores) ? 5e-6 : 0;
   MPI_Win_sync(s->win_);
   // Everyone's counter is zero before anyone increments it.
   rc = MPI_Barrier(s->local_);
@@ -299,9 +301,14 @@ Status ShmCollectives::Sync(const char* call) {
     uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     // Spin briefly only when every rank has a core of its own: an oversubscribed rank that
     // spins steals the core from the very peer it waits for.
-    for (int spin = 0; spin < spin_limit_ && !Reached(seen, target); ++spin) {
-      CpuRelax();
-      seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    if (spin_s_ > 0 && !Reached(seen, target)) {
+      auto spin_start = std::chrono::steady_clock::now();
+      do {
+        for (int i = 0; i < 16 && !Reached(seen, target); ++i) {
+          CpuRelax();
+          seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        }
+      } while (!Reached(seen, target) && Seconds(spin_start) < spin_s_);
     }
     while (!Reached(seen, target)) {
       // Sleep in the kernel until the peer's arrival changes its word (or 50 ms pass, to check

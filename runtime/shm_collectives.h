@@ -80,7 +80,7 @@ class ShmCollectives {
   size_t chunk_bytes_ = 0;
   size_t slot_bytes_ = 0;
   double timeout_s_ = 0;
-  int spin_limit_ = 0;  // polls before sleeping; 0 when ranks outnumber cores
+  double spin_s_ = 0;  // seconds of polling before sleeping; 0 when ranks outnumber cores
   std::vector<unsigned char*> bases_;  // every rank's segment, mapped here
   uint64_t arrivals_ = 0;              // Sync() calls made so far (same on every rank)
   uint64_t stage_ = 0;                 // pipeline rounds run so far (same on every rank)

@@ -233,6 +233,7 @@ TEST_P(ShmDirect, ReduceScatterUnevenShards) {
 TEST_P(ShmDirect, AllGather) {
   DType dt = GetParam().dtype;
   for (size_t n : Counts(GetParam())) {
+    n = std::min(n, size_t{1} << 18);  // the output is P times larger
     size_t p = static_cast<size_t>(size());
     Buf send(dt, n), recv(dt, n * p);
     for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
