@@ -97,7 +97,7 @@ class CudaKernelsImpl final : public Kernels {
   }
 
   // Float atomics: see cuda_kernels.h (not bit-reproducible with repeated indices). Waits for
-  // the stream once to report an out-of-range index.
+  // the stream once to report an out-of-range index (dense is then left unchanged).
   Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
                     void* stream) const override {
     if (m == 0) return Status::Ok();

@@ -30,18 +30,20 @@ unsigned GridFor(size_t n) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);      \
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
 
-// Adds val[j] at idx[j]; an index >= n is skipped and the smallest such j recorded.
-__global__ void ScatterAddKernel(const uint32_t* __restrict__ idx, const float* __restrict__ val,
-                                 size_t m, float* dense, size_t n,
-                                 unsigned long long* first_bad) {
+// Records the smallest position j whose index is >= n.
+__global__ void FindBadIndex(const uint32_t* __restrict__ idx, size_t m, size_t n,
+                             unsigned long long* first_bad) {
   PSD_GRID_STRIDE(j, m) {
-    uint32_t i = idx[j];
-    if (i < n) {
-      atomicAdd(dense + i, val[j]);
-    } else {
-      atomicMin(first_bad, static_cast<unsigned long long>(j));
-    }
+    if (idx[j] >= n) atomicMin(first_bad, static_cast<unsigned long long>(j));
   }
+}
+
+// Adds val[j] at idx[j], unless FindBadIndex found a bad index (then dense stays unchanged, as
+// with the CPU kernel).
+__global__ void ScatterAddKernel(const uint32_t* __restrict__ idx, const float* __restrict__ val,
+                                 size_t m, float* dense, const unsigned long long* first_bad) {
+  if (*first_bad != ~0ull) return;
+  PSD_GRID_STRIDE(j, m) { atomicAdd(dense + idx[j], val[j]); }
 }
 
 __global__ void FloatToHalfKernel(const float* __restrict__ src, __half* __restrict__ dst,
@@ -131,14 +133,15 @@ Result<ScatterScratch*> GetScatterScratch() {
 }  // namespace
 
 // Float atomics: with repeated indices the additions land in an unspecified order, so sums can
-// differ in the last bits between runs (distinct indices are exact). The host waits for the
-// stream once, to read whether any index was out of range; that report names the first bad
-// position. Entries with valid indices are added either way.
+// differ in the last bits between runs (distinct indices are exact). Every index is checked on
+// the device before anything is added, so a bad index leaves dense unchanged; the host waits
+// for the stream once, to read that check and name the first bad position.
 Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
                         cudaStream_t stream) {
   PSD_ASSIGN_OR_RETURN(ScatterScratch * s, GetScatterScratch());
   PSD_CUDA_CHECK(cudaMemsetAsync(s->d_bad, 0xff, sizeof(unsigned long long), stream));
-  ScatterAddKernel<<<GridFor(m), kThreads, 0, stream>>>(idx, val, m, dense, n, s->d_bad);
+  FindBadIndex<<<GridFor(m), kThreads, 0, stream>>>(idx, m, n, s->d_bad);
+  ScatterAddKernel<<<GridFor(m), kThreads, 0, stream>>>(idx, val, m, dense, s->d_bad);
   PSD_CUDA_CHECK(cudaGetLastError());
   PSD_CUDA_CHECK(cudaMemcpyAsync(s->h_bad, s->d_bad, sizeof(unsigned long long),
                                  cudaMemcpyDeviceToHost, stream));
@@ -148,7 +151,7 @@ Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* 
   uint32_t value = 0;
   PSD_CUDA_CHECK(cudaMemcpy(&value, idx + bad, sizeof(value), cudaMemcpyDeviceToHost));
   return InvalidArgument("ScatterAdd: idx[", bad, "] is ", value, " but n is ", n,
-                         "; expected every index < n (entries with valid indices were added)");
+                         "; expected every index < n (dense was left unchanged)");
 }
 
 Status LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,

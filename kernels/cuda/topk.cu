@@ -70,6 +70,18 @@ __global__ void InitState(TopKState* state, uint32_t* hist, uint32_t k) {
   }
 }
 
+// Counts one key in a shared histogram. The top byte of |x| is mostly the exponent, so for
+// gradient-like data most lanes of a warp hit the same few bins; lanes with equal bins are
+// grouped (__match_any_sync, sm_70+) and one of them adds the group's count, which removes the
+// serialization of same-address shared atomics.
+__device__ __forceinline__ void AddToBin(uint32_t* local, uint32_t bin) {
+  const unsigned active = __activemask();
+  const unsigned peers = __match_any_sync(active, bin);
+  if ((threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) {
+    atomicAdd(&local[bin], static_cast<uint32_t>(__popc(peers)));
+  }
+}
+
 // Step 1. The expressions match the CPU kernel's, and the target is built with --fmad=false,
 // so the residual and momentum come out bit-identical to CpuKernels().
 template <bool kMom>
@@ -89,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     float r = residual[i] + u;
     residual[i] = r;
-    atomicAdd(&local[KeyOf(r) >> 24], 1u);
+    AddToBin(local, KeyOf(r) >> 24);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < kBins; i += blockDim.x) {

@@ -202,11 +202,14 @@ TEST(CudaKernels, ScatterAddMatchesCpu) {
   for (size_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], dense[i], 1e-3f) << i;
 
   rep[5] = static_cast<uint32_t>(n + 3);
+  rep[9] = static_cast<uint32_t>(n);
   d_idx.Upload(rep);
   s = Gpu().ScatterAdd(d_idx.get(), d_val.get(), m, d_dense.get(), n, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("idx[5] is 50003 but n is 50000"), std::string::npos)
       << s.message();
+  std::vector<float> after = d_dense.Download();
+  ExpectSameBits(got, after, "dense after a bad index (unchanged)");
 }
 
 TEST(CudaKernels, CastsMatchCpu) {
