@@ -352,6 +352,25 @@ TEST(ShmErrors, ChunkMismatchFailsOnEveryRank) {
   EXPECT_NE(s.status().message().find("4096 .. 8192"), std::string::npos) << s.status().message();
 }
 
+// A rank that never joins: the others fail with kTimeout naming it, instead of hanging, and
+// later calls on their window fail fast with kAborted.
+TEST(ShmErrors, MissingPeerTimesOutAndNamesIt) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto created = ShmCollectives::Create(World()->mpi_comm(), 4096, 0.3);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  auto shm = std::move(created).value();
+  std::vector<float> x(4096, 1.0f);
+  if (World()->rank() != 0) {
+    Status st = shm->AllReduce(x.data(), x.data(), x.size(), DType::kFloat32);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.ToString();
+    EXPECT_NE(st.message().find("for node ranks 0"), std::string::npos) << st.message();
+    Status again = shm->AllGather(x.data(), x.data(), 1, DType::kFloat32);
+    EXPECT_EQ(again.code(), StatusCode::kAborted) << again.ToString();
+  }
+  MPI_Barrier(World()->mpi_comm());
+  shm.reset();  // collective: every rank frees the window together
+}
+
 TEST(ShmErrors, BadChunkSettingIsReportedByTheBackend) {
   ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", "1").ok());
   ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", "64").ok());
