@@ -65,6 +65,8 @@ Status HybridCollective::BuildPlan(size_t batch) {
 
 Status HybridCollective::BuildPlan(size_t batch, const CostModel& model,
                                    std::optional<PlannerOptions> options) {
+  PSD_REQUIRE_ARG(batch >= 1, "BuildPlan: batch ", batch,
+                  " is invalid; expected the per-rank batch size K >= 1");
   if (!options) {
     PSD_ASSIGN_OR_RETURN(PlannerOptions o, PlannerOptions::FromSettings());
     options = o;

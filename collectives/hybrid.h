@@ -16,7 +16,8 @@
 // Registration is local; BuildPlan is collective and fails on every rank (kMismatch) when the
 // ranks' plans differ (different layers registered, different batch).
 // Layer state (top-k residuals, optimizer state) is kept per layer and strategy; rebuilding the
-// plan keeps the state of layers whose strategy did not change.
+// plan keeps the state of layers whose strategy did not change. State does not migrate between
+// strategies: a layer that moves from allreduce to ps starts with fresh optimizer state.
 #pragma once
 
 #include <cstdint>

@@ -76,6 +76,9 @@ struct OptimizerSpec {
 const char* OptimizerName(OptimizerSpec::Kind kind);
 
 // Per-layer top-k settings; unset fields take the POSEIDON_TOPK_* settings at registration.
+// With momentum correction the residual accumulates u = m u + g (and u is cleared where an
+// entry is sent, DGC's momentum factor masking), so pair it with an optimizer without momentum
+// (SGD momentum 0) or the momentum is applied twice.
 struct TopkOptions {
   std::optional<double> density;          // fraction sent per step, in (0, 1]
   std::optional<long long> warmup_steps;  // dense exchanges before compression starts

@@ -600,6 +600,8 @@ TEST(Hybrid, ErrorsNameTheCallAndValue) {
   EXPECT_NE(dup.status().message().find("already registered"), std::string::npos);
   st = h->Exchange(0, b, 0);
   EXPECT_NE(st.message().find("no plan; call BuildPlan"), std::string::npos) << st.message();
+  Status zero_batch = h->BuildPlan(0, CostModel::BytesOnly(), PlannerOptions{});
+  EXPECT_NE(zero_batch.message().find("batch 0 is invalid"), std::string::npos);
   ASSERT_TRUE(Plan(*h, 1).ok());
   EXPECT_NE(h->Exchange(0, b, -1).message().find("step -1"), std::string::npos);
   ExchangeBuffers null_grad;
