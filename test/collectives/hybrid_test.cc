@@ -364,6 +364,57 @@ TEST(Ps, OptimizerStateLivesOnTheShardOwner) {
   (void)ShardCount(1001, Size(), Rank());
 }
 
+// Fewer elements than ranks: some shards are empty, and the result is still the reference.
+TEST(Ps, EmptyShardsWhenFewerElementsThanRanks) {
+  const size_t n = 3;
+  auto h = MakeHybrid();
+  LayerSpec spec = Layer("tiny", {n}, LayerKind::kDense, StrategyKind::kPs);
+  SgdParams sp{0.1f, 0.5f, 0.0f, false};
+  spec.optimizer = OptimizerSpec::Sgd(sp);
+  ASSERT_TRUE(h->RegisterLayer(spec).ok());
+  ASSERT_TRUE(Plan(*h, 1).ok());
+  std::vector<float> w(n, 1.0f);
+  std::vector<double> ref(n, 1.0);
+  RefSgd rs{sp, {}};
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = Grad(Rank(), step, i);
+    ExchangeBuffers b;
+    b.grad = g.data();
+    b.params = w.data();
+    ASSERT_TRUE(h->Exchange(0, b, step).ok());
+    rs.Step(ref, DenseAverage(n, step));
+    ExpectNear(w, ref, StrCat("ps n=3 step ", step));
+    ASSERT_TRUE(SameOnAllRanks(w.data(), n * 4));
+  }
+}
+
+// POSEIDON_STRATEGY and POSEIDON_CANDIDATES reach BuildPlan when no options are given.
+TEST(Hybrid, SettingsDriveThePlan) {
+  Settings& s = Settings::Global();
+  ASSERT_TRUE(s.Set("POSEIDON_STRATEGY", "sfb").ok());
+  auto h = MakeHybrid();
+  LayerSpec fc = Layer("fc", {8, 8}, LayerKind::kFullyConnected, StrategyKind::kSfb);
+  fc.force.reset();
+  LayerSpec conv = Layer("conv", {8, 8}, LayerKind::kDense, StrategyKind::kSfb);
+  conv.force.reset();
+  ASSERT_TRUE(h->RegisterLayer(fc).ok());
+  ASSERT_TRUE(h->RegisterLayer(conv).ok());
+  ASSERT_TRUE(h->BuildPlan(1024, CostModel::BytesOnly()).ok());  // sfb costs more here
+  EXPECT_EQ(h->strategy(0), StrategyKind::kSfb);
+  EXPECT_EQ(h->plan().entries[0].reason, "global");
+  EXPECT_EQ(h->strategy(1), StrategyKind::kAllReduce);
+  EXPECT_EQ(h->plan().entries[1].reason, "global-na");
+  ASSERT_TRUE(s.Set("POSEIDON_STRATEGY", "auto").ok());
+  ASSERT_TRUE(s.Set("POSEIDON_CANDIDATES", "allreduce").ok());
+  ASSERT_TRUE(h->BuildPlan(1, CostModel::BytesOnly()).ok());  // sfb would win, not allowed
+  EXPECT_EQ(h->strategy(0), StrategyKind::kAllReduce);
+  ASSERT_TRUE(s.Set("POSEIDON_CANDIDATES", "allreduce,bogus").ok());
+  Status bad = h->BuildPlan(1, CostModel::BytesOnly());
+  EXPECT_NE(bad.message().find("POSEIDON_CANDIDATES"), std::string::npos) << bad.message();
+  s.Reset();
+}
+
 // ---------------------------------------------------------------- topk
 
 LayerSpec Sparse(const std::string& name, size_t n, double density, long long warmup = 0,
