@@ -240,6 +240,7 @@ struct ModeResult {
   Mode mode;
   double iter_s = 0;
   double bytes = 0;  // wire bytes per rank per iteration (the plan's model)
+  double predicted_s = 0;  // the plan's predicted exchange time per iteration
   int counts[kNumStrategies] = {0, 0, 0, 0};
   double max_err = 0;
   bool check_ok = true;
@@ -441,6 +442,7 @@ Result<ModeResult> Trainer::RunMode(Mode mode) {
   PSD_ASSIGN_OR_RETURN(std::unique_ptr<HybridCollective> hc, MakeCollective(mode));
   for (const PlanEntry& e : hc->plan().entries) ++r.counts[static_cast<int>(e.choice)];
   r.bytes = hc->plan().PredictedBytes();
+  r.predicted_s = hc->plan().PredictedTime();
   if (o_.print_plan && comm_->rank() == 0) {
     std::printf("# plan of mode %s (layers as exchanged in this run)\n%s", ModeName(mode),
                 hc->PrintPlan().c_str());
@@ -632,26 +634,28 @@ int Main(int argc, char** argv) {
       const ShapedModel& mm = t.model();
       const int p = (*comm)->size();
       std::printf("%-15s %11s %11s %13s %14s %9s %5s %5s %5s %5s %9s %6s\n", "mode", "iter_ms",
-                  "img_s", "img_s_full", "MB_per_iter", "vs_dense", "ar", "ps", "sfb", "topk",
+                  "img_s", "img_s_model", "MB_per_iter", "vs_dense", "ar", "ps", "sfb", "topk",
                   "max_err", "check");
       const double base = results[0].iter_s;
       for (const ModeResult& r : results) {
         const double img = p * static_cast<double>(mm.batch) / r.iter_s;
         std::printf("%-15s %11.2f %11.2f %13.2f %14.3f %9.2f %5d %5d %5d %5d %9.1e %6s\n",
-                    ModeName(r.mode), r.iter_s * 1e3, img, img * mm.scale, r.bytes / 1e6,
-                    base / r.iter_s, r.counts[0], r.counts[1], r.counts[2], r.counts[3],
+                    ModeName(r.mode), r.iter_s * 1e3, img, img * mm.scale * opts->compute_scale,
+                    r.bytes / 1e6, base / r.iter_s, r.counts[0], r.counts[1], r.counts[2], r.counts[3],
                     r.max_err, r.check_ok ? "ok" : "FAIL");
       }
-      std::printf("# img_s: images/s of this run (P x K / iteration); img_s_full = img_s x f, "
-                  "the full-size equivalent when time scales with bytes and FLOPs; vs_dense: "
-                  "speed-up over the first mode; MB_per_iter: wire bytes per rank (plan)\n");
+      std::printf("# img_s: images/s of this run (P x K / iteration); img_s_model = img_s x f x "
+                  "compute-scale, the full-size model on the modelled cluster (links x "
+                  "compute-scale) when time scales with bytes and FLOPs; vs_dense: speed-up over "
+                  "the first mode; MB_per_iter: wire bytes per rank (plan)\n");
       for (const ModeResult& r : results) {
         const double img = p * static_cast<double>(mm.batch) / r.iter_s;
-        std::printf("RESULT model=%s np=%d mode=%s iter_ms=%.3f img_s=%.3f img_s_full=%.3f "
-                    "MB_per_iter=%.3f compute_ms=%.3f scale=%g compute_scale=%g check=%s\n",
-                    mm.name.c_str(), p, ModeName(r.mode), r.iter_s * 1e3, img, img * mm.scale,
-                    r.bytes / 1e6, t.ComputeSeconds() * 1e3, mm.scale, opts->compute_scale,
-                    r.check_ok ? "ok" : "FAIL");
+        std::printf("RESULT model=%s np=%d mode=%s iter_ms=%.3f img_s=%.3f img_s_model=%.3f "
+                    "MB_per_iter=%.3f pred_exchange_ms=%.3f compute_ms=%.3f scale=%g "
+                    "compute_scale=%g check=%s\n",
+                    mm.name.c_str(), p, ModeName(r.mode), r.iter_s * 1e3, img,
+                    img * mm.scale * opts->compute_scale, r.bytes / 1e6, r.predicted_s * 1e3,
+                    t.ComputeSeconds() * 1e3, mm.scale, opts->compute_scale, r.check_ok ? "ok" : "FAIL");
       }
       std::fflush(stdout);
     }

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Emulated cluster: 1..8 "hosts" in network namespaces joined by rate-limited links, running
+# poseidon_model_trainer in its three modes, then the scaling table (bench/RESULTS.md).
+#
+# Step by step (recipe and the reasons for every flag: /work/shared/CLUSTER-EMULATION.md):
+#  1. Remove leftovers of an earlier run (namespaces psdc-*, /etc/netns/psdc-*), and arm a trap
+#     so that everything is removed again on EXIT, INT and TERM.
+#  2. A namespace psdc-br holds the bridge; host i gets namespace psdc-n<i> with eth0, the end
+#     of a veth pair whose other end sits on the bridge. Both ends get a tbf qdisc at --rate, so
+#     every host has a full-duplex port of that rate into a switch. Addresses come from a
+#     private /24 that exists only inside these namespaces; /etc/netns/psdc-n<i>/hosts names
+#     the hosts n0..n7. The machine's own network namespace is never touched.
+#  3. mpirun runs inside psdc-n0 with its own UTS namespace and hostname n0; Open MPI starts the
+#     other hosts' daemons through a plm_rsh_agent script that enters psdc-n<i> with
+#     `ip netns exec` + `unshare --uts` + `hostname n<i>`.
+#  4. For each P in --hosts: the trainer (dense, dense-overlap, hybrid-overlap), under timeout.
+#  5. Scaling efficiency = throughput(P) / (P x throughput(1)) per mode; the table and the run's
+#     conditions go to bench/RESULTS.md ("Emulated cluster") through bench/cluster/report.py.
+#
+# Compute is emulated with sleeps (see poseidon_model_trainer); --compute-scale makes the
+# compute : communication ratio of a modelled cluster on these links: modelling 10 Gbit/s with
+# 1 Gbit/s links needs compute-scale 10 (the default: Titan X GPUs on a 10 Gbit/s network).
+#
+#   bench/cluster/emulate.sh                       # P = 1 2 4 8, VGG19 shrunk 32x, 1 Gbit/s
+#   bench/cluster/emulate.sh --hosts "1 2 4" --rate 500mbit --model resnet152 --scale-params 0.25
+#   bench/cluster/emulate.sh --teardown-only
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+PREFIX=psdc
+SUBNET=10.213.77  # private, used only inside the namespaces
+MAX_HOSTS=8
+
+HOSTS="1 2 4 8"
+RATE=1gbit
+MODEL=vgg19
+SCALE=0.03125
+COMPUTE_SCALE=10
+GPU=titanx
+ITERS=5
+WARMUP=1
+MODES=dense,dense-overlap,hybrid-overlap
+TRAINER="$ROOT/build-cluster/bench/poseidon_model_trainer"
+RESULTS="$ROOT/bench/RESULTS.md"
+WRITE_RESULTS=1
+TIMEOUT_S=240
+TEARDOWN_ONLY=0
+WORK=""
+
+usage() {
+  cat <<EOF
+usage: $0 [--hosts "1 2 4 8"] [--rate 1gbit] [--model vgg19] [--scale-params 0.03125]
+          [--compute-scale 10] [--gpu titanx|k40] [--iters 5] [--warmup 1]
+          [--modes dense,dense-overlap,hybrid-overlap] [--trainer PATH] [--timeout 240]
+          [--results FILE | --no-results] [--teardown-only]
+Needs root (network namespaces). P=1 is the baseline of the scaling efficiency.
+EOF
+}
+
+die() { echo "emulate.sh: $*" >&2; exit 2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --hosts) HOSTS="$2"; shift 2 ;;
+    --rate) RATE="$2"; shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --scale-params) SCALE="$2"; shift 2 ;;
+    --compute-scale) COMPUTE_SCALE="$2"; shift 2 ;;
+    --gpu) GPU="$2"; shift 2 ;;
+    --iters) ITERS="$2"; shift 2 ;;
+    --warmup) WARMUP="$2"; shift 2 ;;
+    --modes) MODES="$2"; shift 2 ;;
+    --trainer) TRAINER="$2"; shift 2 ;;
+    --timeout) TIMEOUT_S="$2"; shift 2 ;;
+    --results) RESULTS="$2"; shift 2 ;;
+    --no-results) WRITE_RESULTS=0; shift ;;
+    --teardown-only) TEARDOWN_ONLY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument '$1'" ;;
+  esac
+done
+
+# Link rate in Gbit/s for the trainer's preamble and the report ("1gbit", "500mbit", "2.5gbit").
+rate_gbit() {
+  local r="${1,,}"
+  case "$r" in
+    *gbit) echo "${r%gbit}" ;;
+    *mbit) awk -v m="${r%mbit}" 'BEGIN { print m / 1000 }' ;;
+    *) return 1 ;;
+  esac
+}
+
+teardown() {
+  # Processes still inside our namespaces are ours (trainers, orted): end them by id.
+  local ns pids
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}-" || true); do
+    pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+    if [[ -n "$pids" ]]; then
+      kill $pids 2>/dev/null || true
+      sleep 0.5
+      kill -9 $(ip netns pids "$ns" 2>/dev/null || true) 2>/dev/null || true
+    fi
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  rm -rf /etc/netns/${PREFIX}-* 2>/dev/null || true
+  if [[ -n "$WORK" && -d "$WORK" ]]; then rm -rf "$WORK"; fi
+}
+
+[[ $EUID -eq 0 ]] || die "needs root for network namespaces (running as uid $EUID)"
+command -v ip >/dev/null && command -v tc >/dev/null && command -v unshare >/dev/null ||
+  die "needs ip, tc and unshare (iproute2, util-linux)"
+
+teardown  # leftovers of an earlier run
+if [[ $TEARDOWN_ONLY -eq 1 ]]; then
+  echo "emulate.sh: removed every ${PREFIX}-* namespace and /etc/netns/${PREFIX}-*"
+  exit 0
+fi
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+LINK_GBIT="$(rate_gbit "$RATE")" || die "--rate '$RATE' is not <number>gbit or <number>mbit"
+[[ -x "$TRAINER" ]] || die "trainer '$TRAINER' not found: cmake --build build-cluster --target poseidon_model_trainer"
+NMAX=0
+for p in $HOSTS; do
+  [[ "$p" =~ ^[0-9]+$ && $p -ge 1 && $p -le $MAX_HOSTS ]] ||
+    die "--hosts '$HOSTS' holds '$p'; expected host counts 1..$MAX_HOSTS"
+  (( p > NMAX )) && NMAX=$p
+done
+
+WORK="$(mktemp -d /tmp/psd-cluster.XXXXXX)"
+LOG="$WORK/runs.log"
+
+echo "emulate.sh: $NMAX hosts, links $RATE ($LINK_GBIT Gbit/s), model $MODEL x$SCALE," \
+     "compute-scale $COMPUTE_SCALE ($GPU)"
+ip netns add ${PREFIX}-br
+ip -n ${PREFIX}-br link add br0 type bridge
+ip -n ${PREFIX}-br link set br0 up
+ip -n ${PREFIX}-br link set lo up
+HOSTS_FILE="$WORK/hosts"
+echo "127.0.0.1 localhost" > "$HOSTS_FILE"
+for ((i = 0; i < NMAX; i++)); do echo "$SUBNET.$((i + 1)) n$i" >> "$HOSTS_FILE"; done
+for ((i = 0; i < NMAX; i++)); do
+  ns=${PREFIX}-n$i
+  ip netns add $ns
+  # Both ends are created inside namespaces: the machine's own namespace never sees them.
+  ip -n ${PREFIX}-br link add vh$i type veth peer name eth0 netns $ns
+  ip -n ${PREFIX}-br link set vh$i master br0 up
+  ip -n $ns addr add $SUBNET.$((i + 1))/24 dev eth0
+  ip -n $ns link set eth0 up
+  ip -n $ns link set lo up
+  # Host -> switch and switch -> host, each at the port rate.
+  ip netns exec $ns tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kb latency 50ms
+  ip netns exec ${PREFIX}-br tc qdisc add dev vh$i root tbf rate "$RATE" burst 256kb latency 50ms
+  mkdir -p /etc/netns/$ns
+  cp "$HOSTS_FILE" /etc/netns/$ns/hosts
+done
+
+# Open MPI's "ssh": enter the host's namespace with its own hostname (unique session dirs).
+AGENT="$WORK/netns-rsh"
+cat > "$AGENT" <<EOF
+#!/bin/sh
+# Called by mpirun as: netns-rsh <host> <command...>
+host="\$1"; shift
+exec ip netns exec ${PREFIX}-"\$host" unshare --uts sh -c "hostname \$host; \$*"
+EOF
+chmod +x "$AGENT"
+
+ping_ok=1
+if ((NMAX > 1)) && command -v ping >/dev/null; then
+  ip netns exec ${PREFIX}-n0 ping -c 1 -W 2 n$((NMAX - 1)) >/dev/null 2>&1 || ping_ok=0
+fi
+[[ $ping_ok -eq 1 ]] || die "n0 cannot reach n$((NMAX - 1)) through the bridge"
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN_FLAGS="--bind-to none --mca plm_rsh_agent $AGENT --mca plm_rsh_no_tree_spawn 1
+  --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
+  --mca btl_tcp_links 2 --mca mpi_yield_when_idle 1"
+: > "$LOG"
+for p in $HOSTS; do
+  hostlist="n0"
+  for ((i = 1; i < p; i++)); do hostlist="$hostlist,n$i"; done
+  export POSEIDON_COST_CACHE="$WORK/cost-P$p.txt"
+  cmd="timeout -k 10 $TIMEOUT_S mpirun -np $p --host $hostlist $(echo $MPIRUN_FLAGS)
+    -x POSEIDON_COST_CACHE $TRAINER --model $MODEL --scale-params $SCALE
+    --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS --warmup $WARMUP --modes $MODES
+    --link-gbit $LINK_GBIT --network emulated-hosts-$RATE"
+  echo "=== P=$p: $(echo $cmd)" | tee -a "$LOG"
+  start=$(date +%s)
+  if ! ip netns exec ${PREFIX}-n0 unshare --uts sh -c "hostname n0; $(echo $cmd)" \
+       2>&1 | tee -a "$LOG"; then
+    die "the run at P=$p failed (see above)"
+  fi
+  echo "=== P=$p took $(( $(date +%s) - start )) s" | tee -a "$LOG"
+done
+
+if [[ $WRITE_RESULTS -eq 1 ]]; then
+  python3 "$HERE/report.py" --log "$LOG" --results "$RESULTS" --rate "$RATE" \
+    --command "bench/cluster/emulate.sh --hosts \"$HOSTS\" --rate $RATE --model $MODEL --scale-params $SCALE --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS"
+else
+  python3 "$HERE/report.py" --log "$LOG" --rate "$RATE" --command "(not written)"
+fi
