@@ -9,7 +9,9 @@
 namespace poseidon::cluster {
 namespace {
 
-bool StartsWith(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+bool StartsWith(const std::string& s, const std::string& p) {
+  return s.compare(0, p.size(), p) == 0;
+}
 
 // The part of `layer` before its last '.', e.g. "layer2.0.conv1" for "layer2.0.conv1.w".
 std::string Module(const std::string& layer) {
@@ -54,14 +56,14 @@ Result<double> InceptionSide(const std::string& layer) {
     double side;
   };
   // Exact modules first (the stem and the two grid reductions), then block prefixes.
-  static const Entry kExact[] = {
-      {"Conv2d_1a_3x3", 149}, {"Conv2d_2a_3x3", 147}, {"Conv2d_2b_3x3", 147},
-      {"Conv2d_3b_1x1", 73},  {"Conv2d_4a_3x3", 71},  {"Mixed_6a.branch3x3", 17},
-      {"Mixed_6a.branch3x3dbl_1", 35}, {"Mixed_6a.branch3x3dbl_2", 35},
-      {"Mixed_6a.branch3x3dbl_3", 17}, {"Mixed_7a.branch3x3_1", 17},
-      {"Mixed_7a.branch3x3_2", 8},     {"Mixed_7a.branch7x7x3_1", 17},
-      {"Mixed_7a.branch7x7x3_2", 17},  {"Mixed_7a.branch7x7x3_3", 17},
-      {"Mixed_7a.branch7x7x3_4", 8},   {"fc", 1}};
+  static const Entry kExact[] = {{"Conv2d_1a_3x3", 149},          {"Conv2d_2a_3x3", 147},
+                                 {"Conv2d_2b_3x3", 147},          {"Conv2d_3b_1x1", 73},
+                                 {"Conv2d_4a_3x3", 71},           {"Mixed_6a.branch3x3", 17},
+                                 {"Mixed_6a.branch3x3dbl_1", 35}, {"Mixed_6a.branch3x3dbl_2", 35},
+                                 {"Mixed_6a.branch3x3dbl_3", 17}, {"Mixed_7a.branch3x3_1", 17},
+                                 {"Mixed_7a.branch3x3_2", 8},     {"Mixed_7a.branch7x7x3_1", 17},
+                                 {"Mixed_7a.branch7x7x3_2", 17},  {"Mixed_7a.branch7x7x3_3", 17},
+                                 {"Mixed_7a.branch7x7x3_4", 8},   {"fc", 1}};
   for (const Entry& e : kExact) {
     if (m == e.module) return e.side;
   }

@@ -29,19 +29,19 @@ namespace poseidon::cluster {
 
 // One layer of a model as the trainer runs it.
 struct ShapedLayer {
-  LayerSpec spec;             // as exchanged (shrunk when f < 1)
-  size_t full_elements = 0;   // elements at full size
-  double fwd_flops = 0;       // forward FLOPs for the model's batch, full size
+  LayerSpec spec;            // as exchanged (shrunk when f < 1)
+  size_t full_elements = 0;  // elements at full size
+  double fwd_flops = 0;      // forward FLOPs for the model's batch, full size
 };
 
 struct ShapedModel {
   std::string name;
-  size_t batch = 32;          // images per rank per iteration (the model's)
-  size_t factor_batch = 32;   // sufficient-factor rows of the FC layers (shrunk with sqrt(f))
-  double scale = 1.0;         // f
+  size_t batch = 32;         // images per rank per iteration (the model's)
+  size_t factor_batch = 32;  // sufficient-factor rows of the FC layers (shrunk with sqrt(f))
+  double scale = 1.0;        // f
   std::vector<ShapedLayer> layers;
-  double FwdFlops() const;    // full-size forward FLOPs per iteration (batch images)
-  size_t Elements() const;    // exchanged elements (shrunk)
+  double FwdFlops() const;  // full-size forward FLOPs per iteration (batch images)
+  size_t Elements() const;  // exchanged elements (shrunk)
   size_t FullElements() const;
 };
 

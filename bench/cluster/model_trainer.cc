@@ -59,10 +59,14 @@ using Clock = std::chrono::steady_clock;
 enum class Mode : int { kDense = 0, kDenseOverlap = 1, kHybridOverlap = 2, kHybrid = 3 };
 const char* ModeName(Mode m) {
   switch (m) {
-    case Mode::kDense: return "dense";
-    case Mode::kDenseOverlap: return "dense-overlap";
-    case Mode::kHybridOverlap: return "hybrid-overlap";
-    case Mode::kHybrid: return "hybrid";
+    case Mode::kDense:
+      return "dense";
+    case Mode::kDenseOverlap:
+      return "dense-overlap";
+    case Mode::kHybridOverlap:
+      return "hybrid-overlap";
+    case Mode::kHybrid:
+      return "hybrid";
   }
   return "?";
 }
@@ -110,8 +114,8 @@ Result<double> ParseNumber(const std::string& flag, const std::string& v, double
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
   PSD_REQUIRE_ARG(end != v.c_str() && *end == '\0' && std::isfinite(x) && x >= lo && x <= hi,
-                  "poseidon_model_trainer: ", flag, " '", v, "' is not a number in [", lo, ", ",
-                  hi, "]");
+                  "poseidon_model_trainer: ", flag, " '", v, "' is not a number in [", lo, ", ", hi,
+                  "]");
   return x;
 }
 
@@ -222,7 +226,8 @@ class GpuClock {
  public:
   void Sync() { deadline_ = Clock::now(); }
   void Compute(double seconds) {
-    deadline_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    deadline_ +=
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     std::this_thread::sleep_until(deadline_);
   }
 
@@ -239,7 +244,7 @@ struct LayerBuffers {
 struct ModeResult {
   Mode mode;
   double iter_s = 0;
-  double bytes = 0;  // wire bytes per rank per iteration (the plan's model)
+  double bytes = 0;        // wire bytes per rank per iteration (the plan's model)
   double predicted_s = 0;  // the plan's predicted exchange time per iteration
   int counts[kNumStrategies] = {0, 0, 0, 0};
   double max_err = 0;
@@ -516,12 +521,12 @@ Status Trainer::Predict() const {
       int counts[kNumStrategies] = {0, 0, 0, 0};
       for (const PlanEntry& e : plan.entries) ++counts[static_cast<int>(e.choice)];
       if (print) {
-        std::printf("PREDICT model=%s cost=%s P=%d K=%zu hybrid_ms=%.3f dense_ms=%.3f "
-                    "hybrid_MB=%.3f dense_MB=%.3f n_allreduce=%d n_ps=%d n_sfb=%d n_topk=%d\n",
-                    m_.name.c_str(), nm.name, p, m_.batch, plan.PredictedTime() * 1e3,
-                    plan.DenseAllReduceTime() * 1e3, plan.PredictedBytes() / 1e6,
-                    plan.DenseAllReduceBytes() / 1e6, counts[0], counts[1], counts[2],
-                    counts[3]);
+        std::printf(
+            "PREDICT model=%s cost=%s P=%d K=%zu hybrid_ms=%.3f dense_ms=%.3f "
+            "hybrid_MB=%.3f dense_MB=%.3f n_allreduce=%d n_ps=%d n_sfb=%d n_topk=%d\n",
+            m_.name.c_str(), nm.name, p, m_.batch, plan.PredictedTime() * 1e3,
+            plan.DenseAllReduceTime() * 1e3, plan.PredictedBytes() / 1e6,
+            plan.DenseAllReduceBytes() / 1e6, counts[0], counts[1], counts[2], counts[3]);
       }
       // Each strategy alone wherever it applies (allreduce elsewhere).
       for (StrategyKind s : kAllStrategies) {
@@ -559,32 +564,35 @@ void Trainer::PrintPreamble() const {
   const double dense_bytes = 4.0 * static_cast<double>(m_.Elements());
   std::printf("# poseidon_model_trainer  %s  host %s (%s %s), %u cores\n", date, u.nodename,
               u.sysname, u.release, std::thread::hardware_concurrency());
-  std::printf("# ranks %d on %d node(s); network: %s%s\n", comm_->size(), comm_->num_nodes(),
-              o_.network.c_str(),
-              o_.link_gbit > 0 ? StrCat(", links rate-limited to ", o_.link_gbit, " Gbit/s").c_str()
-                               : "");
+  std::printf(
+      "# ranks %d on %d node(s); network: %s%s\n", comm_->size(), comm_->num_nodes(),
+      o_.network.c_str(),
+      o_.link_gbit > 0 ? StrCat(", links rate-limited to ", o_.link_gbit, " Gbit/s").c_str() : "");
   std::printf("# model %s: %zu layers, %zu parameters at full size; K=%zu images per rank\n",
               m_.name.c_str(), m_.layers.size(), m_.FullElements(), m_.batch);
   if (m_.scale < 1) {
-    std::printf("# SCALED: every layer shrunk by f=%g (dense layers f x elements, FC layers and "
-                "their factor batch sqrt(f) per side: K_factors=%zu); exchanged %zu parameters "
-                "(%.1f MB); compute shrunk by f as well\n",
-                m_.scale, m_.factor_batch, m_.Elements(), dense_bytes / 1e6);
+    std::printf(
+        "# SCALED: every layer shrunk by f=%g (dense layers f x elements, FC layers and "
+        "their factor batch sqrt(f) per side: K_factors=%zu); exchanged %zu parameters "
+        "(%.1f MB); compute shrunk by f as well\n",
+        m_.scale, m_.factor_batch, m_.Elements(), dense_bytes / 1e6);
   }
-  std::printf("# COMPUTE IS EMULATED with sleeps, not run: forward = FLOPs / (%s GPU at %.2f "
-              "TFLOP/s effective) x compute-scale %g x f %g, backward = 2 x forward; "
-              "%.1f GFLOP forward per iteration at full size -> %.1f ms compute per iteration. "
-              "The gradient exchange is real.\n",
-              o_.gpu.c_str(), o_.gpu_tflops, o_.compute_scale, m_.scale, m_.FwdFlops() / 1e9,
-              ComputeSeconds() * 1e3);
+  std::printf(
+      "# COMPUTE IS EMULATED with sleeps, not run: forward = FLOPs / (%s GPU at %.2f "
+      "TFLOP/s effective) x compute-scale %g x f %g, backward = 2 x forward; "
+      "%.1f GFLOP forward per iteration at full size -> %.1f ms compute per iteration. "
+      "The gradient exchange is real.\n",
+      o_.gpu.c_str(), o_.gpu_tflops, o_.compute_scale, m_.scale, m_.FwdFlops() / 1e9,
+      ComputeSeconds() * 1e3);
   const double wire = 2.0 * (comm_->size() - 1) / comm_->size() * dense_bytes;
   std::printf("# cost model: %s (%s)\n", cost_.Summary().c_str(), cost_.source.c_str());
   if (o_.link_gbit > 0 && comm_->size() > 1) {
     const double t_comm = wire / (o_.link_gbit * 1e9 / 8);
-    std::printf("# compute : dense communication = %.1f ms : %.1f ms at the link rate "
-                "(ratio %.3f); the same ratio as compute-scale 1 on a %.3g Gbit/s network\n",
-                ComputeSeconds() * 1e3, t_comm * 1e3, ComputeSeconds() / t_comm,
-                o_.link_gbit * o_.compute_scale);
+    std::printf(
+        "# compute : dense communication = %.1f ms : %.1f ms at the link rate "
+        "(ratio %.3f); the same ratio as compute-scale 1 on a %.3g Gbit/s network\n",
+        ComputeSeconds() * 1e3, t_comm * 1e3, ComputeSeconds() / t_comm,
+        o_.link_gbit * o_.compute_scale);
   }
   std::fflush(stdout);
 }
@@ -610,8 +618,8 @@ int Main(int argc, char** argv) {
   }
   auto shaped = MakeShapedModel(opts->model, static_cast<size_t>(opts->batch), opts->scale_params);
   if (!shaped.ok()) {
-    if (rank == 0) std::fprintf(stderr, "poseidon_model_trainer: %s\n",
-                                shaped.status().message().c_str());
+    if (rank == 0)
+      std::fprintf(stderr, "poseidon_model_trainer: %s\n", shaped.status().message().c_str());
     MPI_Finalize();
     return 2;
   }
@@ -641,21 +649,23 @@ int Main(int argc, char** argv) {
         const double img = p * static_cast<double>(mm.batch) / r.iter_s;
         std::printf("%-15s %11.2f %11.2f %13.2f %14.3f %9.2f %5d %5d %5d %5d %9.1e %6s\n",
                     ModeName(r.mode), r.iter_s * 1e3, img, img * mm.scale * opts->compute_scale,
-                    r.bytes / 1e6, base / r.iter_s, r.counts[0], r.counts[1], r.counts[2], r.counts[3],
-                    r.max_err, r.check_ok ? "ok" : "FAIL");
+                    r.bytes / 1e6, base / r.iter_s, r.counts[0], r.counts[1], r.counts[2],
+                    r.counts[3], r.max_err, r.check_ok ? "ok" : "FAIL");
       }
-      std::printf("# img_s: images/s of this run (P x K / iteration); img_s_model = img_s x f x "
-                  "compute-scale, the full-size model on the modelled cluster (links x "
-                  "compute-scale) when time scales with bytes and FLOPs; vs_dense: speed-up over "
-                  "the first mode; MB_per_iter: wire bytes per rank (plan)\n");
+      std::printf(
+          "# img_s: images/s of this run (P x K / iteration); img_s_model = img_s x f x "
+          "compute-scale, the full-size model on the modelled cluster (links x "
+          "compute-scale) when time scales with bytes and FLOPs; vs_dense: speed-up over "
+          "the first mode; MB_per_iter: wire bytes per rank (plan)\n");
       for (const ModeResult& r : results) {
         const double img = p * static_cast<double>(mm.batch) / r.iter_s;
-        std::printf("RESULT model=%s np=%d mode=%s iter_ms=%.3f img_s=%.3f img_s_model=%.3f "
-                    "MB_per_iter=%.3f pred_exchange_ms=%.3f compute_ms=%.3f scale=%g "
-                    "compute_scale=%g check=%s\n",
-                    mm.name.c_str(), p, ModeName(r.mode), r.iter_s * 1e3, img,
-                    img * mm.scale * opts->compute_scale, r.bytes / 1e6, r.predicted_s * 1e3,
-                    t.ComputeSeconds() * 1e3, mm.scale, opts->compute_scale, r.check_ok ? "ok" : "FAIL");
+        std::printf(
+            "RESULT model=%s np=%d mode=%s iter_ms=%.3f img_s=%.3f img_s_model=%.3f "
+            "MB_per_iter=%.3f pred_exchange_ms=%.3f compute_ms=%.3f scale=%g "
+            "compute_scale=%g check=%s\n",
+            mm.name.c_str(), p, ModeName(r.mode), r.iter_s * 1e3, img,
+            img * mm.scale * opts->compute_scale, r.bytes / 1e6, r.predicted_s * 1e3,
+            t.ComputeSeconds() * 1e3, mm.scale, opts->compute_scale, r.check_ok ? "ok" : "FAIL");
       }
       std::fflush(stdout);
     }
