@@ -690,9 +690,8 @@ void Engine::RunFused(std::vector<Entry*>& group) {
   Status s = k.Pack(in, fusion_buf_.data(), nullptr);
   const double t1 = NowUs();
   if (s.ok()) {
-    auto req = comm_->host_backend().IAllReduce(fusion_buf_.data(), fusion_buf_.data(), total,
-                                                DType::kFloat32);
-    s = req.ok() ? (*req)->Wait() : req.status();
+    s = comm_->host_backend().AllReduce(fusion_buf_.data(), fusion_buf_.data(), total,
+                                        DType::kFloat32);
   }
   const double t2 = NowUs();
   if (s.ok()) s = k.Unpack(fusion_buf_.data(), out, nullptr);
@@ -719,8 +718,7 @@ void Engine::RunDirect(Entry* e) {
   const double t0 = NowUs();
   Status s;
   if (n > 0) {
-    auto req = comm_->host_backend().IAllReduce(data, data, n, DType::kFloat32);
-    s = req.ok() ? (*req)->Wait() : req.status();
+    s = comm_->host_backend().AllReduce(data, data, n, DType::kFloat32);
   }
   const double t1 = NowUs();
   if (s.ok()) s = FinishAverage(data, n);
