@@ -59,7 +59,9 @@ class MpiBackend : public Backend {
   // The shared-memory collectives for a call moving `bytes` (the full buffer: count * dtype size
   // after the argument check, so every rank decides alike), or nullptr for plain MPI: below
   // POSEIDON_SHM_THRESHOLD_BYTES, or when the ranks span several nodes. Creates the window at
-  // the first large call (collectively), and again when POSEIDON_SHM_CHUNK_BYTES changes.
+  // the first large call (collectively), and again when POSEIDON_SHM_CHUNK_BYTES changes; the
+  // destructor frees it (collectively). Like every POSEIDON_* knob, the threshold and chunk
+  // must be set alike on every rank, or ranks would take different paths.
   Result<ShmCollectives*> ShmFor(size_t bytes);
 
   MPI_Comm comm_;
