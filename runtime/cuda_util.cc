@@ -143,7 +143,8 @@ Result<PinnedPool::Buffer> PinnedPool::Acquire(size_t bytes) {
     // Smallest free buffer that fits, so large buffers stay available for large calls.
     size_t best = free_.size();
     for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].second >= bytes && (best == free_.size() || free_[i].second < free_[best].second)) {
+      bool fits = free_[i].second >= bytes;
+      if (fits && (best == free_.size() || free_[i].second < free_[best].second)) {
         best = i;
       }
     }

@@ -80,7 +80,9 @@ class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
     size_t capacity_ = 0;
   };
 
-  static std::shared_ptr<PinnedPool> Make() { return std::shared_ptr<PinnedPool>(new PinnedPool()); }
+  static std::shared_ptr<PinnedPool> Make() {
+    return std::shared_ptr<PinnedPool>(new PinnedPool());
+  }
   ~PinnedPool();
   Result<Buffer> Acquire(size_t bytes);
 

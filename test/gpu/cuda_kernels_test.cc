@@ -119,7 +119,9 @@ TEST(CudaKernelsArgs, OtherKernelsRejectBadArguments) {
 }
 
 TEST(CudaKernelsNoGpu, CallsFailWithTheCudaError) {
-  if (testing::NoGpuReason().empty()) GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
+  if (testing::NoGpuReason().empty()) {
+    GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
+  }
   std::vector<float> host(16, 1.0f);
   Status s = Gpu().Cast(host.data(), DType::kFloat32, host.data() + 8, DType::kFloat16, 4,
                         nullptr);
