@@ -22,10 +22,14 @@
 //
 // AllGather: round k: copy piece k of my input into my slot (and straight into my part of
 // recv); Sync; copy every peer's piece k out of its slot.
+//
+// Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
+// every peer's count: poll for up to 5 us when each rank has a core, then sleep on the peer's
+// word with a futex (shared, not private: the word lives in a mapping of several processes).
+// Outputs of 4 MiB and more are written with streaming stores (no read-for-ownership).
 #include "runtime/shm_collectives.h"
 
 #include <linux/futex.h>
-#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
