@@ -1,0 +1,486 @@
+// _poseidon: the Python extension over the C API (bindings/c/poseidon.h), linked statically.
+//
+// Arrays: anything with the buffer protocol (numpy) or a PyTorch tensor (duck-typed through
+// data_ptr() / numel() / dtype / is_contiguous() / device, so no torch headers are needed). No
+// copies: the C API gets the array's own memory, after checks that it is contiguous, of a known
+// dtype, writable where written, and of the expected element count; each failed check raises
+// InvalidArgumentError naming the argument and what was expected.
+// Errors: a psdResult_t other than psdSuccess raises the matching poseidon exception with
+// psdGetLastError's message. Blocking calls release the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings/c/poseidon.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Exception classes, one per result code (index = code); [0] is the base class Error.
+PyObject* g_errors[psdNumResults] = {nullptr};
+
+[[noreturn]] void Raise(psdResult_t r, const std::string& message) {
+  PyObject* type = (r > 0 && r < psdNumResults && g_errors[r]) ? g_errors[r] : g_errors[0];
+  PyErr_SetString(type, message.c_str());
+  throw py::error_already_set();
+}
+
+void Check(psdResult_t r, psdComm_t comm = nullptr) {
+  if (r == psdSuccess) return;
+  Raise(r, std::string(psdGetLastError(comm)) + " [" + psdGetErrorString(r) + "]");
+}
+
+[[noreturn]] void BadArg(const std::string& message) { Raise(psdInvalidArgument, message); }
+
+// A borrowed view of an array's memory.
+struct View {
+  void* data = nullptr;
+  size_t count = 0;
+  psdDataType_t dtype = psdFloat32;
+  psdMemory_t memory = psdMemHost;
+  std::vector<size_t> shape;
+};
+
+psdDataType_t DTypeFromFormat(const std::string& fmt, size_t itemsize, const char* what) {
+  // Strip byte-order / alignment prefixes; only native order is accepted.
+  std::string f = fmt;
+  if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@')) f = f.substr(1);
+  if (f == "f" && itemsize == 4) return psdFloat32;
+  if (f == "d" && itemsize == 8) return psdFloat64;
+  if (f == "e" && itemsize == 2) return psdFloat16;
+  if ((f == "i" || f == "l" || f == "q") && itemsize == 4) return psdInt32;
+  if ((f == "i" || f == "l" || f == "q") && itemsize == 8) return psdInt64;
+  BadArg(std::string(what) + ": element format '" + fmt + "' (" + std::to_string(itemsize) +
+         " bytes) is not supported; expected float32, float64, float16, int32 or int64");
+}
+
+psdDataType_t DTypeFromTorch(const std::string& name, const char* what) {
+  if (name == "torch.float32") return psdFloat32;
+  if (name == "torch.float64") return psdFloat64;
+  if (name == "torch.float16") return psdFloat16;
+  if (name == "torch.bfloat16") return psdBFloat16;
+  if (name == "torch.int32") return psdInt32;
+  if (name == "torch.int64") return psdInt64;
+  BadArg(std::string(what) + ": tensor dtype " + name +
+         " is not supported; expected torch.float32, float64, float16, bfloat16, int32 or int64");
+}
+
+bool IsTorchTensor(py::handle obj) {
+  return py::hasattr(obj, "data_ptr") && py::hasattr(obj, "is_contiguous") &&
+         py::hasattr(obj, "numel");
+}
+
+View ToView(py::handle obj, const char* what, bool writable) {
+  View v;
+  if (obj.is_none()) BadArg(std::string(what) + " is None; expected an array or tensor");
+  if (IsTorchTensor(obj)) {
+    if (!obj.attr("is_contiguous")().cast<bool>()) {
+      BadArg(std::string(what) + ": tensor is not contiguous; expected a contiguous tensor "
+             "(call .contiguous() on a copy and copy the result back)");
+    }
+    if (py::hasattr(obj, "is_sparse") && obj.attr("is_sparse").cast<bool>()) {
+      BadArg(std::string(what) + ": sparse tensors are not supported; expected a dense tensor");
+    }
+    v.dtype = DTypeFromTorch(py::str(obj.attr("dtype")).cast<std::string>(), what);
+    std::string device = py::str(obj.attr("device").attr("type")).cast<std::string>();
+    if (device == "cpu") {
+      v.memory = psdMemHost;
+    } else if (device == "cuda") {
+      v.memory = psdMemDevice;
+    } else {
+      BadArg(std::string(what) + ": tensor on device '" + device + "'; expected cpu or cuda");
+    }
+    v.data = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<uintptr_t>());
+    v.count = obj.attr("numel")().cast<size_t>();
+    for (auto d : obj.attr("shape")) v.shape.push_back(d.cast<size_t>());
+    return v;
+  }
+  if (!PyObject_CheckBuffer(obj.ptr())) {
+    BadArg(std::string(what) + ": " + py::str(py::type::of(obj)).cast<std::string>() +
+           " is neither a buffer (numpy array) nor a torch tensor");
+  }
+  Py_buffer buf;
+  int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &buf, flags) != 0) {
+    PyErr_Clear();
+    // Find out which requirement failed, for a precise message.
+    if (writable && PyObject_GetBuffer(obj.ptr(), &buf, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+      PyBuffer_Release(&buf);
+      BadArg(std::string(what) + ": array is read-only; expected a writable array");
+    }
+    PyErr_Clear();
+    BadArg(std::string(what) + ": array is not C-contiguous; expected a contiguous array "
+           "(numpy.ascontiguousarray)");
+  }
+  // The memory stays valid while `obj` lives: callers keep a reference for async use.
+  v.data = buf.buf;
+  v.count = buf.itemsize > 0 ? static_cast<size_t>(buf.len / buf.itemsize) : 0;
+  std::string fmt = buf.format ? buf.format : "B";
+  size_t itemsize = static_cast<size_t>(buf.itemsize);
+  for (int i = 0; i < buf.ndim; ++i) v.shape.push_back(static_cast<size_t>(buf.shape[i]));
+  PyBuffer_Release(&buf);
+  v.dtype = DTypeFromFormat(fmt, itemsize, what);
+  return v;
+}
+
+void RequireSame(const View& a, const View& b, const char* call) {
+  if (a.dtype != b.dtype || a.memory != b.memory) {
+    BadArg(std::string(call) + ": send and recv differ in dtype or device; expected the same");
+  }
+}
+
+psdStrategy_t ParseStrategy(const std::string& s) {
+  if (s == "auto") return psdStrategyAuto;
+  if (s == "allreduce") return psdStrategyAllReduce;
+  if (s == "ps") return psdStrategyPs;
+  if (s == "sfb") return psdStrategySfb;
+  if (s == "topk") return psdStrategyTopk;
+  BadArg("strategy '" + s + "' is unknown; expected auto, allreduce, ps, sfb or topk");
+}
+
+const char* StrategyName(psdStrategy_t s) {
+  switch (s) {
+    case psdStrategyAllReduce: return "allreduce";
+    case psdStrategyPs: return "ps";
+    case psdStrategySfb: return "sfb";
+    case psdStrategyTopk: return "topk";
+    default: return "auto";
+  }
+}
+
+psdLayerKind_t ParseKind(const std::string& s) {
+  if (s == "dense") return psdLayerDense;
+  if (s == "fc" || s == "fully_connected") return psdLayerFullyConnected;
+  if (s == "sparse") return psdLayerSparse;
+  BadArg("layer kind '" + s + "' is unknown; expected dense, fc or sparse");
+}
+
+class Handle {
+ public:
+  Handle(psdHandle_t h, std::vector<py::object> keep) : h_(h), keep_(std::move(keep)) {}
+  ~Handle() {
+    if (h_ != nullptr) psdHandleFree(h_);
+  }
+  // True when complete; raises the exchange's error. timeout_ms < 0 waits for ever.
+  bool Wait(long long timeout_ms) {
+    Live("wait");
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = psdWait(h_, timeout_ms);
+    }
+    if (r == psdTimeout) return false;
+    Check(r);
+    return true;
+  }
+  bool Test() {
+    Live("test");
+    int done = 0;
+    Check(psdTest(h_, &done));
+    return done != 0;
+  }
+  void Free() {
+    if (h_ != nullptr) Check(psdHandleFree(h_));
+    h_ = nullptr;
+    keep_.clear();
+  }
+
+ private:
+  void Live(const char* what) {
+    if (h_ == nullptr) BadArg(std::string("Handle.") + what + ": the handle was freed");
+  }
+  psdHandle_t h_;
+  std::vector<py::object> keep_;  // the arrays the exchange borrows
+};
+
+class Comm {
+ public:
+  // mpi_comm: 0 for MPI_COMM_WORLD, else an MPI_Comm handle value (mpi4py: MPI._handleof).
+  explicit Comm(uintptr_t mpi_comm) {
+    if (mpi_comm == 0) {
+      Check(psdCommInitWorld(&c_));
+    } else {
+      // Open MPI's MPI_Comm is a pointer; MPICH's an int: both travel as an integer.
+      // A C-style cast converts to either representation.
+      MPI_Comm mc = (MPI_Comm)mpi_comm;  // NOLINT(google-readability-casting)
+      Check(psdCommInitFromMpi(mc, &c_));
+    }
+  }
+  ~Comm() {
+    if (c_ != nullptr) psdCommDestroy(c_);
+  }
+  void Destroy() {
+    if (c_ == nullptr) return;
+    psdComm_t c = c_;
+    c_ = nullptr;
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = psdCommDestroy(c);
+    }
+    Check(r);
+  }
+  psdComm_t get() const {
+    if (c_ == nullptr) BadArg("the communicator was destroyed");
+    return c_;
+  }
+
+  int Int(psdResult_t (*fn)(psdComm_t, int*)) const {
+    int v = 0;
+    Check(fn(get(), &v), get());
+    return v;
+  }
+
+  void AllReduce(py::handle send, py::handle recv) {
+    View s = ToView(send, "allreduce: send", false);
+    View r = ToView(recv, "allreduce: recv", true);
+    RequireSame(s, r, "allreduce");
+    if (s.count != r.count) {
+      BadArg("allreduce: recv has " + std::to_string(r.count) + " elements; expected " +
+             std::to_string(s.count) + " (as send)");
+    }
+    Blocking([&](psdComm_t c) {
+      return psdAllReduce(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr);
+    });
+  }
+  void ReduceScatter(py::handle send, py::handle recv) {
+    View s = ToView(send, "reduce_scatter: send", false);
+    View r = ToView(recv, "reduce_scatter: recv", true);
+    RequireSame(s, r, "reduce_scatter");
+    size_t world = static_cast<size_t>(Int(psdCommSize));
+    if (s.count != r.count * world) {
+      BadArg("reduce_scatter: send has " + std::to_string(s.count) + " elements; expected " +
+             std::to_string(world) + " ranks x " + std::to_string(r.count) + " (recv)");
+    }
+    Blocking([&](psdComm_t c) {
+      return psdReduceScatter(c, s.data, r.data, r.count, s.dtype, s.memory, nullptr);
+    });
+  }
+  void AllGather(py::handle send, py::handle recv) {
+    View s = ToView(send, "allgather: send", false);
+    View r = ToView(recv, "allgather: recv", true);
+    RequireSame(s, r, "allgather");
+    size_t world = static_cast<size_t>(Int(psdCommSize));
+    if (r.count != s.count * world) {
+      BadArg("allgather: recv has " + std::to_string(r.count) + " elements; expected " +
+             std::to_string(world) + " ranks x " + std::to_string(s.count) + " (send)");
+    }
+    Blocking([&](psdComm_t c) {
+      return psdAllGather(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr);
+    });
+  }
+  void Broadcast(py::handle buf, int root) {
+    View b = ToView(buf, "broadcast: buf", true);
+    Blocking([&](psdComm_t c) {
+      return psdBroadcast(c, b.data, b.count, b.dtype, root, b.memory, nullptr);
+    });
+  }
+  void Barrier() {
+    Blocking([&](psdComm_t c) { return psdBarrier(c); });
+  }
+
+  int RegisterLayer(const std::string& name, const std::vector<size_t>& shape,
+                    const std::string& kind, const std::string& strategy, double density,
+                    std::optional<std::string> candidates, std::optional<py::dict> optimizer) {
+    psdLayerConfig_t cfg;
+    Check(psdLayerConfigInit(&cfg));
+    cfg.name = name.c_str();
+    cfg.ndim = static_cast<int>(shape.size());
+    cfg.shape = shape.data();
+    cfg.kind = ParseKind(kind);
+    cfg.strategy = ParseStrategy(strategy);
+    cfg.density = density;
+    if (candidates) cfg.candidates = candidates->c_str();
+    if (optimizer) {
+      for (auto item : *optimizer) {
+        std::string key = py::str(item.first);
+        py::handle val = item.second;
+        if (key == "kind") {
+          std::string k = py::str(val);
+          if (k == "none") cfg.optimizer.kind = psdOptimizerNone;
+          else if (k == "sgd") cfg.optimizer.kind = psdOptimizerSgd;
+          else if (k == "adam") cfg.optimizer.kind = psdOptimizerAdam;
+          else BadArg("optimizer kind '" + k + "' is unknown; expected none, sgd or adam");
+        } else if (key == "lr") { cfg.optimizer.lr = val.cast<float>();
+        } else if (key == "momentum") { cfg.optimizer.momentum = val.cast<float>();
+        } else if (key == "nesterov") { cfg.optimizer.nesterov = val.cast<bool>() ? 1 : 0;
+        } else if (key == "beta1") { cfg.optimizer.beta1 = val.cast<float>();
+        } else if (key == "beta2") { cfg.optimizer.beta2 = val.cast<float>();
+        } else if (key == "eps") { cfg.optimizer.eps = val.cast<float>();
+        } else if (key == "weight_decay") { cfg.optimizer.weight_decay = val.cast<float>();
+        } else {
+          BadArg("optimizer option '" + key + "' is unknown; expected kind, lr, momentum, "
+                 "nesterov, beta1, beta2, eps or weight_decay");
+        }
+      }
+    }
+    int id = -1;
+    Check(psdRegisterLayer(get(), &cfg, &id), get());
+    return id;
+  }
+  void BuildPlan(size_t batch) {
+    Blocking([&](psdComm_t c) { return psdBuildPlan(c, batch); });
+  }
+  std::string Plan() const {
+    size_t need = 0;
+    Check(psdGetPlan(get(), nullptr, &need), get());
+    std::string text(need, '\0');
+    Check(psdGetPlan(get(), text.data(), &need), get());
+    text.resize(need - 1);
+    return text;
+  }
+  std::string LayerStrategy(int id) const {
+    psdStrategy_t s;
+    Check(psdGetLayerStrategy(get(), id, &s), get());
+    return StrategyName(s);
+  }
+  int NumLayers() const { return Int(psdNumLayers); }
+
+  std::unique_ptr<Handle> Submit(int layer, py::handle grad, py::handle params, py::handle u,
+                                 py::handle v) {
+    std::vector<py::object> keep;
+    auto f32 = [&](py::handle obj, const char* what, bool writable) -> float* {
+      if (obj.is_none()) return nullptr;
+      View view = ToView(obj, what, writable);
+      if (view.dtype != psdFloat32) BadArg(std::string(what) + ": expected float32 elements");
+      if (view.memory != psdMemHost) {
+        BadArg(std::string(what) + ": the engine exchanges host memory here; expected a CPU "
+               "array or tensor");
+      }
+      keep.push_back(py::reinterpret_borrow<py::object>(obj));
+      return static_cast<float*>(view.data);
+    };
+    float* g = f32(grad, "submit: grad", true);
+    float* p = f32(params, "submit: params", true);
+    const float* uu = f32(u, "submit: u", false);
+    const float* vv = f32(v, "submit: v", false);
+    size_t batch = 0;
+    if (uu != nullptr) {
+      View uv = ToView(u, "submit: u", false);
+      if (uv.shape.size() != 2) BadArg("submit: u must be 2-D (batch x M)");
+      batch = uv.shape[0];
+      View vv2 = ToView(v, "submit: v", false);
+      if (vv2.shape.size() != 2 || vv2.shape[0] != batch) {
+        BadArg("submit: v must be 2-D with as many rows as u (" + std::to_string(batch) + ")");
+      }
+    }
+    psdHandle_t h = nullptr;
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = psdSubmit(get(), layer, g, p, uu, vv, batch, &h);
+    }
+    Check(r, get());
+    return std::make_unique<Handle>(h, std::move(keep));
+  }
+
+  std::string AsyncError() const {
+    psdResult_t r;
+    Check(psdCommGetAsyncError(get(), &r));
+    return r == psdSuccess ? "" : psdGetLastError(get());
+  }
+
+ private:
+  template <typename F>
+  void Blocking(F&& f) {
+    psdComm_t c = get();
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = f(c);
+    }
+    Check(r, c);
+  }
+  psdComm_t c_ = nullptr;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_poseidon, m) {
+  m.doc() = "Poseidon collective communication runtime (C API bindings)";
+
+  // Exceptions: Error(RuntimeError) and one subclass per result code.
+  PyObject* base = PyErr_NewException("poseidon.Error", PyExc_RuntimeError, nullptr);
+  g_errors[0] = base;
+  m.attr("Error") = py::handle(base);
+  struct Sub {
+    psdResult_t code;
+    const char* name;
+    PyObject* extra;  // a built-in class it also derives from
+  } subs[] = {
+      {psdInvalidArgument, "InvalidArgumentError", PyExc_ValueError},
+      {psdMismatch, "MismatchError", nullptr},
+      {psdBackendError, "BackendError", nullptr},
+      {psdTimeout, "TimeoutError", PyExc_TimeoutError},
+      {psdAborted, "AbortedError", nullptr},
+      {psdUnavailable, "UnavailableError", nullptr},
+      {psdInternalError, "InternalError", nullptr},
+      {psdUnimplemented, "UnimplementedError", PyExc_NotImplementedError},
+  };
+  for (const Sub& s : subs) {
+    PyObject* bases = s.extra ? PyTuple_Pack(2, base, s.extra) : PyTuple_Pack(1, base);
+    std::string qual = std::string("poseidon.") + s.name;
+    PyObject* cls = PyErr_NewException(qual.c_str(), bases, nullptr);
+    Py_DECREF(bases);
+    g_errors[s.code] = cls;
+    m.attr(s.name) = py::handle(cls);
+  }
+
+  m.def("init", [] { Check(psdInit()); }, "Initializes MPI (MPI_THREAD_MULTIPLE) unless it is.");
+  m.def("finalize", [] {
+    py::gil_scoped_release release;
+    Check(psdFinalize());
+  }, "Destroys every communicator; finalizes MPI if init() started it.");
+  m.def("version", [] {
+    int v = 0;
+    Check(psdGetVersion(&v));
+    return v;
+  });
+  m.attr("VERSION_CODE") = PSD_VERSION_CODE;
+  m.def("set_setting", [](const std::string& name, const std::string& value) {
+    Check(psdSetSetting(name.c_str(), value.c_str()));
+  });
+  m.def("get_setting", [](const std::string& name) {
+    size_t need = 0;
+    Check(psdGetSetting(name.c_str(), nullptr, &need));
+    std::string text(need, '\0');
+    Check(psdGetSetting(name.c_str(), text.data(), &need));
+    text.resize(need - 1);
+    return text;
+  });
+
+  py::class_<Handle>(m, "Handle")
+      .def("wait", &Handle::Wait, py::arg("timeout_ms") = -1,
+           "Waits (timeout_ms < 0: for ever); True when done, False on timeout; raises the "
+           "exchange's error.")
+      .def("test", &Handle::Test, "True when done (never blocks); raises the exchange's error.")
+      .def("free", &Handle::Free);
+
+  py::class_<Comm>(m, "Comm")
+      .def(py::init<uintptr_t>(), py::arg("mpi_comm") = 0)
+      .def_property_readonly("rank", [](const Comm& c) { return c.Int(psdCommRank); })
+      .def_property_readonly("size", [](const Comm& c) { return c.Int(psdCommSize); })
+      .def_property_readonly("local_rank", [](const Comm& c) { return c.Int(psdCommLocalRank); })
+      .def_property_readonly("local_size", [](const Comm& c) { return c.Int(psdCommLocalSize); })
+      .def("allreduce", &Comm::AllReduce, py::arg("send"), py::arg("recv"))
+      .def("reduce_scatter", &Comm::ReduceScatter, py::arg("send"), py::arg("recv"))
+      .def("allgather", &Comm::AllGather, py::arg("send"), py::arg("recv"))
+      .def("broadcast", &Comm::Broadcast, py::arg("buf"), py::arg("root") = 0)
+      .def("barrier", &Comm::Barrier)
+      .def("register_layer", &Comm::RegisterLayer, py::arg("name"), py::arg("shape"),
+           py::arg("kind") = "dense", py::arg("strategy") = "auto", py::arg("density") = 0.0,
+           py::arg("candidates") = py::none(), py::arg("optimizer") = py::none())
+      .def_property_readonly("num_layers", &Comm::NumLayers)
+      .def("build_plan", &Comm::BuildPlan, py::arg("batch"))
+      .def("plan", &Comm::Plan)
+      .def("layer_strategy", &Comm::LayerStrategy, py::arg("layer"))
+      .def("submit", &Comm::Submit, py::arg("layer"), py::arg("grad"),
+           py::arg("params") = py::none(), py::arg("u") = py::none(), py::arg("v") = py::none())
+      .def("async_error", &Comm::AsyncError)
+      .def("destroy", &Comm::Destroy);
+}
