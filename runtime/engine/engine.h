@@ -40,6 +40,10 @@
 //
 // Memory: fusion and chunking (host memory only) work on float32 dense allreduce layers with no
 // optimizer; other layers (and device memory) run whole through HybridCollective::Exchange.
+// Fused and single layers use the backend's blocking AllReduce (its shared-memory path on one
+// node); chunks use IAllReduce so chunk i+1 is in flight while chunk i is scaled. With Open MPI
+// 4.1.4 on one node the non-blocking path is slower than the shared-memory one, so there
+// POSEIDON_CHUNK_BYTES=0 is the faster choice (bench/overlap measures both).
 // Buffers passed to Submit must stay valid and untouched until the handle completes.
 #pragma once
 

@@ -11,7 +11,9 @@ std::string Timeline::FileFor(const std::string& path, int rank, int world) {
   const std::string tag = StrCat(".rank", rank);
   const size_t slash = path.find_last_of('/');
   const size_t dot = path.find_last_of('.');
-  if (dot != std::string::npos && (slash == std::string::npos || dot > slash + 1)) {
+  // An extension is a dot after the first character of the file name (".hidden" has none).
+  const size_t name_start = slash == std::string::npos ? 0 : slash + 1;
+  if (dot != std::string::npos && dot > name_start) {
     return path.substr(0, dot) + tag + path.substr(dot);
   }
   return path + tag;
