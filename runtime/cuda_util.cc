@@ -34,9 +34,9 @@ std::string DescribeCudaDevices() {
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaError_t derr = cudaDriverGetVersion(&driver);
-  std::string versions = StrCat("runtime ", VersionText(runtime), ", driver ",
-                                (derr == cudaSuccess && driver > 0) ? VersionText(driver)
-                                                                    : std::string("none"));
+  std::string versions =
+      StrCat("runtime ", VersionText(runtime), ", driver ",
+             (derr == cudaSuccess && driver > 0) ? VersionText(driver) : std::string("none"));
   auto count = CudaDeviceCount();
   if (!count.ok()) return StrCat(count.status().message(), " (", versions, ")");
   std::string out = StrCat(*count, " GPU(s):");
@@ -167,8 +167,8 @@ Result<PinnedPool::Buffer> PinnedPool::Acquire(size_t bytes) {
     // Round up to 1 MiB steps so slowly growing calls reuse one buffer.
     size_t cap = (bytes + (1u << 20) - 1) & ~static_cast<size_t>((1u << 20) - 1);
     void* p = nullptr;
-    PSD_CHECK(CudaStatus(cudaMallocHost(&p, cap),
-                         StrCat("cudaMallocHost(", cap, " bytes)").c_str()));
+    PSD_CHECK(
+        CudaStatus(cudaMallocHost(&p, cap), StrCat("cudaMallocHost(", cap, " bytes)").c_str()));
     b.data_ = p;
     b.capacity_ = cap;
   }

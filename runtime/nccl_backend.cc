@@ -15,12 +15,18 @@ namespace poseidon {
 
 ncclDataType_t ToNcclType(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
@@ -38,8 +44,8 @@ Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
 }
 
 Status CheckCounts(const char* call, const std::vector<size_t>& counts, int world) {
-  PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ",
-                  counts.size(), " entries; expected one per rank (", world, ")");
+  PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ", counts.size(),
+                  " entries; expected one per rank (", world, ")");
   return Status::Ok();
 }
 
@@ -107,9 +113,9 @@ Result<std::unique_ptr<NcclBackend>> NcclBackend::Create(MPI_Comm comm) {
   int rc = MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, comm);
   if (rc != MPI_SUCCESS) return BackendError(call, ": MPI_Allgather of the GPU check failed");
   if (!local.ok()) {
-    return Status(local.code() == StatusCode::kUnavailable ? StatusCode::kUnavailable
-                                                           : local.code(),
-                  StrCat(call, ": rank ", b->rank_, ": ", local.message()));
+    return Status(
+        local.code() == StatusCode::kUnavailable ? StatusCode::kUnavailable : local.code(),
+        StrCat(call, ": rank ", b->rank_, ": ", local.message()));
   }
   for (int r = 0; r < b->size_; ++r) {
     if (all[static_cast<size_t>(r)] == 0) {
@@ -126,8 +132,8 @@ Result<std::unique_ptr<NcclBackend>> NcclBackend::Create(MPI_Comm comm) {
   if (b->rank_ == 0) {
     ncclResult_t r = ncclGetUniqueId(&boot.id);
     boot.ok = r == ncclSuccess ? 1 : 0;
-    if (r != ncclSuccess) local = BackendError(call, ": ncclGetUniqueId failed: ",
-                                               ncclGetErrorString(r));
+    if (r != ncclSuccess)
+      local = BackendError(call, ": ncclGetUniqueId failed: ", ncclGetErrorString(r));
   }
   rc = MPI_Bcast(&boot, static_cast<int>(sizeof(boot)), MPI_BYTE, 0, comm);
   if (rc != MPI_SUCCESS) return BackendError(call, ": MPI_Bcast of the NCCL unique id failed");
@@ -139,8 +145,8 @@ Result<std::unique_ptr<NcclBackend>> NcclBackend::Create(MPI_Comm comm) {
   ncclResult_t r = ncclCommInitRank(&b->comm_, b->size_, boot.id, b->rank_);
   mine = r == ncclSuccess ? 1 : 0;
   if (r != ncclSuccess) {
-    local = BackendError(call, ": ncclCommInitRank(rank ", b->rank_, " of ", b->size_,
-                         ", device ", b->device_, ") failed: ", ncclGetErrorString(r));
+    local = BackendError(call, ": ncclCommInitRank(rank ", b->rank_, " of ", b->size_, ", device ",
+                         b->device_, ") failed: ", ncclGetErrorString(r));
     b->comm_ = nullptr;
   }
   int every = 0;
@@ -200,8 +206,8 @@ Status NcclBackend::Agree(const char* call, int64_t count, DType dtype, int64_t 
   // A sticky error on one rank must fail the call everywhere, not leave peers in NCCL.
   if (local.ok()) local = CheckAsyncError();
   if (!settings::CheckArgs()) return local;
-  return AgreeOnArgs(mpi_comm_, {call, count, static_cast<int64_t>(dtype), root, layout_hash,
-                                 std::move(local)});
+  return AgreeOnArgs(
+      mpi_comm_, {call, count, static_cast<int64_t>(dtype), root, layout_hash, std::move(local)});
 }
 
 Status NcclBackend::LaunchAllReduce(const void* send, void* recv, size_t count, DType dtype,
@@ -220,9 +226,9 @@ Status NcclBackend::LaunchReduceScatter(const void* send, void* recv,
   size_t es = DTypeSize(dtype);
   size_t mine = counts[static_cast<size_t>(rank_)];
   if (AllEqual(counts)) {
-    PSD_CHECK(NcclStatus(ncclReduceScatter(send, recv, counts[0], ToNcclType(dtype), ncclSum,
-                                           comm_, stream),
-                         "ncclReduceScatter"));
+    PSD_CHECK(NcclStatus(
+        ncclReduceScatter(send, recv, counts[0], ToNcclType(dtype), ncclSum, comm_, stream),
+        "ncclReduceScatter"));
     return CheckAsyncError();
   }
   // Uneven shards: pad every slice to max(counts) in a stream-ordered scratch (see header).
@@ -244,8 +250,7 @@ Status NcclBackend::LaunchReduceScatter(const void* send, void* recv,
   }
   void* out = direct ? recv : At(scratch, slot * static_cast<size_t>(size_));
   if (s.ok()) {
-    s = NcclStatus(ncclReduceScatter(scratch, out, maxc, ToNcclType(dtype), ncclSum, comm_,
-                                     stream),
+    s = NcclStatus(ncclReduceScatter(scratch, out, maxc, ToNcclType(dtype), ncclSum, comm_, stream),
                    "ncclReduceScatter(padded)");
   }
   if (s.ok() && !direct && mine > 0) {
@@ -266,8 +271,7 @@ Status NcclBackend::LaunchAllGatherV(const void* send, void* recv,
   if (total == 0) return Status::Ok();
   ncclDataType_t t = ToNcclType(dtype);
   if (AllEqual(counts)) {
-    PSD_CHECK(NcclStatus(ncclAllGather(send, recv, counts[0], t, comm_, stream),
-                         "ncclAllGather"));
+    PSD_CHECK(NcclStatus(ncclAllGather(send, recv, counts[0], t, comm_, stream), "ncclAllGather"));
     return CheckAsyncError();
   }
   size_t es = DTypeSize(dtype);
@@ -310,8 +314,8 @@ Status NcclBackend::ReduceScatter(const void* send, void* recv, const std::vecto
   if (local.ok()) {
     local = CheckDevicePointer(call, "recv", recv, counts[static_cast<size_t>(rank_)] * es);
   }
-  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1,
-                  local.ok() ? HashCounts(counts) : 0, std::move(local)));
+  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1, local.ok() ? HashCounts(counts) : 0,
+                  std::move(local)));
   return LaunchReduceScatter(send, recv, counts, dtype, ToStream(opts));
 }
 
@@ -326,8 +330,7 @@ Status NcclBackend::AllGather(const void* send, void* recv, size_t count, DType 
   }
   PSD_CHECK(Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
   if (count == 0) return Status::Ok();
-  PSD_CHECK(NcclStatus(ncclAllGather(send, recv, count, ToNcclType(dtype), comm_,
-                                     ToStream(opts)),
+  PSD_CHECK(NcclStatus(ncclAllGather(send, recv, count, ToNcclType(dtype), comm_, ToStream(opts)),
                        "ncclAllGather"));
   return CheckAsyncError();
 }
@@ -343,8 +346,8 @@ Status NcclBackend::AllGatherV(const void* send, void* recv, const std::vector<s
     local = CheckDevicePointer(call, "send", send, counts[static_cast<size_t>(rank_)] * es);
   }
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, total * es);
-  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1,
-                  local.ok() ? HashCounts(counts) : 0, std::move(local)));
+  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1, local.ok() ? HashCounts(counts) : 0,
+                  std::move(local)));
   return LaunchAllGatherV(send, recv, counts, dtype, ToStream(opts));
 }
 
@@ -358,17 +361,17 @@ Status NcclBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (local.ok()) local = CheckDevicePointer(call, "buf", buf, count * DTypeSize(dtype));
   PSD_CHECK(Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local)));
   if (count == 0) return Status::Ok();
-  PSD_CHECK(NcclStatus(ncclBroadcast(buf, buf, count, ToNcclType(dtype), root, comm_,
-                                     ToStream(opts)),
-                       "ncclBroadcast"));
+  PSD_CHECK(
+      NcclStatus(ncclBroadcast(buf, buf, count, ToNcclType(dtype), root, comm_, ToStream(opts)),
+                 "ncclBroadcast"));
   return CheckAsyncError();
 }
 
 Status NcclBackend::Barrier() {
   PSD_CHECK(CheckAsyncError());
-  PSD_CHECK(NcclStatus(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_,
-                                     barrier_stream_),
-                       "ncclAllReduce(barrier)"));
+  PSD_CHECK(NcclStatus(
+      ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, barrier_stream_),
+      "ncclAllReduce(barrier)"));
   PSD_ASSIGN_OR_RETURN(auto req, MakeRequest("Barrier", barrier_stream_));
   return req->Wait();
 }
@@ -380,9 +383,8 @@ Result<std::unique_ptr<Request>> NcclBackend::MakeRequest(const char* call, cuda
   return std::unique_ptr<Request>(new NcclRequest(this, std::move(ev)));
 }
 
-Result<std::unique_ptr<Request>> NcclBackend::IAllReduce(const void* send, void* recv,
-                                                         size_t count, DType dtype,
-                                                         const CallOptions& opts) {
+Result<std::unique_ptr<Request>> NcclBackend::IAllReduce(const void* send, void* recv, size_t count,
+                                                         DType dtype, const CallOptions& opts) {
   const char* call = "IAllReduce";
   PSD_CHECK(CheckCommon(call, dtype, opts));
   size_t bytes = count * DTypeSize(dtype);
@@ -395,8 +397,7 @@ Result<std::unique_ptr<Request>> NcclBackend::IAllReduce(const void* send, void*
 
 Result<std::unique_ptr<Request>> NcclBackend::IReduceScatter(const void* send, void* recv,
                                                              const std::vector<size_t>& counts,
-                                                             DType dtype,
-                                                             const CallOptions& opts) {
+                                                             DType dtype, const CallOptions& opts) {
   const char* call = "IReduceScatter";
   PSD_CHECK(CheckCommon(call, dtype, opts));
   PSD_CHECK(CheckCounts(call, counts, size_));
@@ -410,8 +411,7 @@ Result<std::unique_ptr<Request>> NcclBackend::IReduceScatter(const void* send, v
 
 Result<std::unique_ptr<Request>> NcclBackend::IAllGatherV(const void* send, void* recv,
                                                           const std::vector<size_t>& counts,
-                                                          DType dtype,
-                                                          const CallOptions& opts) {
+                                                          DType dtype, const CallOptions& opts) {
   const char* call = "IAllGatherV";
   PSD_CHECK(CheckCommon(call, dtype, opts));
   PSD_CHECK(CheckCounts(call, counts, size_));

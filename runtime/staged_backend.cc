@@ -21,15 +21,15 @@ cudaStream_t ToStream(const CallOptions& opts) { return static_cast<cudaStream_t
 
 Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
   PSD_CHECK(CheckDType(call, dtype));
-  PSD_REQUIRE_ARG(opts.memory == MemoryKind::kDevice, call,
-                  ": the staged backend was given ", MemoryKindName(opts.memory),
+  PSD_REQUIRE_ARG(opts.memory == MemoryKind::kDevice, call, ": the staged backend was given ",
+                  MemoryKindName(opts.memory),
                   " memory; expected device memory (use the host backend for host memory)");
   return Status::Ok();
 }
 
 Status CheckCounts(const char* call, const std::vector<size_t>& counts, int world) {
-  PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ",
-                  counts.size(), " entries; expected one per rank (", world, ")");
+  PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ", counts.size(),
+                  " entries; expected one per rank (", world, ")");
   return Status::Ok();
 }
 
@@ -46,8 +46,13 @@ class StagedRequest : public Request {
  public:
   StagedRequest(std::unique_ptr<Request> host, PinnedPool::Buffer buf, void* dev, size_t offset,
                 size_t bytes, cudaStream_t stream, CudaEvent done)
-      : host_(std::move(host)), buf_(std::move(buf)), dev_(dev), offset_(offset), bytes_(bytes),
-        stream_(stream), done_(std::move(done)) {}
+      : host_(std::move(host)),
+        buf_(std::move(buf)),
+        dev_(dev),
+        offset_(offset),
+        bytes_(bytes),
+        stream_(stream),
+        done_(std::move(done)) {}
 
   ~StagedRequest() override {
     // The host request's own destructor waits for MPI; the pinned buffer may go back to the
@@ -74,9 +79,9 @@ class StagedRequest : public Request {
  private:
   Status CopyBack() {
     if (bytes_ > 0) {
-      error_ = CudaStatus(cudaMemcpyAsync(dev_, At(buf_.data(), offset_), bytes_,
-                                          cudaMemcpyHostToDevice, stream_),
-                          "StagedBackend: cudaMemcpyAsync(host -> device)");
+      error_ = CudaStatus(
+          cudaMemcpyAsync(dev_, At(buf_.data(), offset_), bytes_, cudaMemcpyHostToDevice, stream_),
+          "StagedBackend: cudaMemcpyAsync(host -> device)");
       if (error_.ok()) error_ = done_.Record(stream_);
       PSD_CHECK(error_);
     }
@@ -125,8 +130,10 @@ void StagedBackend::Reap() {
   for (auto& f : in_flight_) {
     auto done = f->done.Query();
     if (done.ok() && *done) continue;  // finished: the buffer goes back to the pool
-    if (!done.ok()) (void)f->done.Synchronize();  // a failed stream: wait it out, then free
-    else in_flight_[kept++] = std::move(f);
+    if (!done.ok())
+      (void)f->done.Synchronize();  // a failed stream: wait it out, then free
+    else
+      in_flight_[kept++] = std::move(f);
   }
   in_flight_.resize(kept);
 }
@@ -181,9 +188,8 @@ Status StagedBackend::AllReduce(const void* send, void* recv, size_t count, DTyp
   return StageOut(recv, h, bytes, ToStream(opts), std::move(buf));
 }
 
-Status StagedBackend::ReduceScatter(const void* send, void* recv,
-                                    const std::vector<size_t>& counts, DType dtype,
-                                    const CallOptions& opts) {
+Status StagedBackend::ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
+                                    DType dtype, const CallOptions& opts) {
   const char* call = "ReduceScatter";
   Reap();
   Status local = CheckCommon(call, dtype, opts);
@@ -200,8 +206,8 @@ Status StagedBackend::ReduceScatter(const void* send, void* recv,
     if (local.ok()) buf = std::move(*b);
   }
   if (local.ok()) local = StageIn(send, buf.data(), total * es, ToStream(opts));
-  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1,
-                  local.ok() ? HashCounts(counts) : 0, std::move(local)));
+  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1, local.ok() ? HashCounts(counts) : 0,
+                  std::move(local)));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), total * es);
   PSD_CHECK(host_->ReduceScatter(buf.data(), h_out, counts, dtype, {MemoryKind::kHost, nullptr}));
@@ -250,8 +256,8 @@ Status StagedBackend::AllGatherV(const void* send, void* recv, const std::vector
     if (local.ok()) buf = std::move(*b);
   }
   if (local.ok()) local = StageIn(send, buf.data(), mine * es, ToStream(opts));
-  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1,
-                  local.ok() ? HashCounts(counts) : 0, std::move(local)));
+  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1, local.ok() ? HashCounts(counts) : 0,
+                  std::move(local)));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), mine * es);
   PSD_CHECK(host_->AllGatherV(buf.data(), h_out, counts, dtype, {MemoryKind::kHost, nullptr}));
@@ -321,8 +327,8 @@ Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send,
   PSD_ASSIGN_OR_RETURN(PinnedPool::Buffer buf, pool_->Acquire((total + mine) * es));
   PSD_CHECK(StageIn(send, buf.data(), total * es, ToStream(opts)));
   PSD_ASSIGN_OR_RETURN(auto host_req,
-                       host_->IReduceScatter(buf.data(), At(buf.data(), total * es), counts,
-                                             dtype, {MemoryKind::kHost, nullptr}));
+                       host_->IReduceScatter(buf.data(), At(buf.data(), total * es), counts, dtype,
+                                             {MemoryKind::kHost, nullptr}));
   PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
   return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv,
                                                     total * es, mine * es, ToStream(opts),
@@ -331,8 +337,7 @@ Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send,
 
 Result<std::unique_ptr<Request>> StagedBackend::IAllGatherV(const void* send, void* recv,
                                                             const std::vector<size_t>& counts,
-                                                            DType dtype,
-                                                            const CallOptions& opts) {
+                                                            DType dtype, const CallOptions& opts) {
   const char* call = "IAllGatherV";
   Reap();
   PSD_CHECK(CheckCommon(call, dtype, opts));

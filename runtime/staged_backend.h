@@ -43,8 +43,8 @@ class StagedBackend : public Backend {
 
   Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
                    const CallOptions& opts = {}) override;
-  Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
-                       DType dtype, const CallOptions& opts = {}) override;
+  Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
+                       const CallOptions& opts = {}) override;
   Status AllGather(const void* send, void* recv, size_t count, DType dtype,
                    const CallOptions& opts = {}) override;
   Status AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,

@@ -15,9 +15,8 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include <cstdio>
+#include <cub/device/device_radix_sort.cuh>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,13 +30,13 @@ namespace {
 const int64_t kSizes[] = {1 << 20, 25000000, 100000000};
 const int64_t kDensityBp[] = {100, 10, 1};
 
-#define BENCH_CUDA(expr)                                                         \
-  do {                                                                           \
-    cudaError_t e_ = (expr);                                                     \
-    if (e_ != cudaSuccess) {                                                     \
+#define BENCH_CUDA(expr)                                                                 \
+  do {                                                                                   \
+    cudaError_t e_ = (expr);                                                             \
+    if (e_ != cudaSuccess) {                                                             \
       state.SkipWithError((std::string(#expr) + ": " + cudaGetErrorString(e_)).c_str()); \
-      return;                                                                    \
-    }                                                                            \
+      return;                                                                            \
+    }                                                                                    \
   } while (0)
 
 // Deterministic pseudo-normal values (hash -> two uniforms -> Box-Muller), never zero.
@@ -174,8 +173,8 @@ void BM_CopyTouchedBytes(benchmark::State& state) {
     cudaEventRecord(t.stop);
     state.SetIterationTime(t.Seconds());
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
-                          static_cast<int64_t>(bytes) * 2);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes) *
+                          2);
 }
 
 void TopKArgs(benchmark::internal::Benchmark* b) {
@@ -187,12 +186,24 @@ void SizeArgs(benchmark::internal::Benchmark* b) {
   for (int64_t n : kSizes) b->Arg(n);
 }
 
-BENCHMARK(BM_FusedTopK)->Apply(TopKArgs)->UseManualTime()->Unit(benchmark::kMillisecond)
-    ->Repetitions(5)->ReportAggregatesOnly(true);
-BENCHMARK(BM_RadixSortPairs)->Apply(SizeArgs)->UseManualTime()->Unit(benchmark::kMillisecond)
-    ->Repetitions(5)->ReportAggregatesOnly(true);
-BENCHMARK(BM_CopyTouchedBytes)->Apply(SizeArgs)->UseManualTime()
-    ->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
+BENCHMARK(BM_FusedTopK)
+    ->Apply(TopKArgs)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_RadixSortPairs)
+    ->Apply(SizeArgs)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_CopyTouchedBytes)
+    ->Apply(SizeArgs)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
 
 // Console output as usual, plus the median time per benchmark for the closing ratios.
 class RatioReporter : public benchmark::ConsoleReporter {
@@ -211,8 +222,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
   void PrintRatios() const {
-    std::printf("\nFused top-k vs peers (medians; sort/fused > 1 means the fused select is "
-                "faster; bandwidth as a fraction of a device copy of the same traffic):\n");
+    std::printf(
+        "\nFused top-k vs peers (medians; sort/fused > 1 means the fused select is "
+        "faster; bandwidth as a fraction of a device copy of the same traffic):\n");
     std::printf("  %-11s %-8s %10s %12s %10s %10s %10s\n", "n", "density", "fused ms", "sort ms",
                 "sort/fused", "fused GB/s", "of copy");
     for (int64_t n : kSizes) {

@@ -59,8 +59,8 @@ class CudaKernelsImpl final : public Kernels {
     return cuda::NewTopKWorkspace();
   }
 
-  Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
-                           float momentum, size_t n, size_t k, uint32_t* out_idx, float* out_val,
+  Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf, float momentum,
+                           size_t n, size_t k, uint32_t* out_idx, float* out_val,
                            KernelWorkspace* ws, void* stream) const override {
     constexpr const char* kCall = "FusedResidualTopK";
     PSD_REQUIRE_ARG(k > 0, kCall, ": k is 0 (n = ", n, "); expected 0 < k <= n");
@@ -73,15 +73,12 @@ class CudaKernelsImpl final : public Kernels {
     PSD_REQUIRE_ARG(out_val != nullptr, kCall, ": out_val is null with k = ", k);
     PSD_REQUIRE_ARG(std::isfinite(momentum), kCall, ": momentum is ", momentum,
                     "; expected a finite factor");
-    PSD_REQUIRE_ARG(momentum_buf != nullptr || momentum == 0.0f, kCall, ": momentum is ",
-                    momentum,
+    PSD_REQUIRE_ARG(momentum_buf != nullptr || momentum == 0.0f, kCall, ": momentum is ", momentum,
                     " but momentum_buf is null; pass a buffer of n floats or momentum 0");
     PSD_REQUIRE_ARG(static_cast<const void*>(grad) != residual &&
-                        static_cast<const void*>(grad) != momentum_buf &&
-                        residual != momentum_buf,
+                        static_cast<const void*>(grad) != momentum_buf && residual != momentum_buf,
                     kCall, ": grad, residual and momentum_buf must be distinct buffers");
-    PSD_REQUIRE_ARG(ws != nullptr, kCall,
-                    ": workspace is null; expected one from NewWorkspace()");
+    PSD_REQUIRE_ARG(ws != nullptr, kCall, ": workspace is null; expected one from NewWorkspace()");
     PSD_REQUIRE_ARG(cuda::IsTopKWorkspace(ws), kCall,
                     ": workspace was made by another Kernels implementation; expected one from "
                     "CudaKernels().NewWorkspace()");
@@ -103,8 +100,7 @@ class CudaKernelsImpl final : public Kernels {
     if (m == 0) return Status::Ok();
     PSD_REQUIRE_ARG(idx != nullptr, "ScatterAdd: idx is null with m = ", m);
     PSD_REQUIRE_ARG(val != nullptr, "ScatterAdd: val is null with m = ", m);
-    PSD_REQUIRE_ARG(dense != nullptr, "ScatterAdd: dense is null with m = ", m,
-                    " entries to add");
+    PSD_REQUIRE_ARG(dense != nullptr, "ScatterAdd: dense is null with m = ", m, " entries to add");
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "idx", idx, m * sizeof(uint32_t)));
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "val", val, m * sizeof(float)));
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "dense", dense, n * sizeof(float)));
@@ -119,8 +115,8 @@ class CudaKernelsImpl final : public Kernels {
   Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
                               float alpha, float beta, float* g, void* stream) const override {
     constexpr const char* kCall = "SufficientFactorGemm";
-    PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, kCall,
-                    ": rows = ", rows, ", m = ", m, ", n = ", n,
+    PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, kCall, ": rows = ", rows,
+                    ", m = ", m, ", n = ", n,
                     "; expected each at most 2147483647 (cuBLAS dimensions are int)");
     PSD_REQUIRE_ARG(std::isfinite(alpha) && std::isfinite(beta), kCall, ": alpha = ", alpha,
                     ", beta = ", beta, "; expected finite factors");
@@ -139,8 +135,8 @@ class CudaKernelsImpl final : public Kernels {
                 ": cublasSetStream failed: ", cublasGetStatusString(st));
     // k = 0 (no factors) is valid for cuBLAS and scales G by beta, as the contract asks.
     st = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(n), static_cast<int>(m),
-                     static_cast<int>(rows), &alpha, v, static_cast<int>(n), u,
-                     static_cast<int>(m), &beta, g, static_cast<int>(n));
+                     static_cast<int>(rows), &alpha, v, static_cast<int>(n), u, static_cast<int>(m),
+                     &beta, g, static_cast<int>(n));
     PSD_REQUIRE(st == CUBLAS_STATUS_SUCCESS, StatusCode::kBackendError, kCall,
                 ": cublasSgemm(m = ", n, ", n = ", m, ", k = ", rows,
                 ") failed: ", cublasGetStatusString(st));
@@ -185,17 +181,15 @@ class CudaKernelsImpl final : public Kernels {
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].bytes == 0) continue;
       // cudaMemcpyDefault: a part may live in managed memory as well as device memory.
-      PSD_CHECK(CudaStatus(cudaMemcpyAsync(static_cast<unsigned char*>(dst) + off,
-                                           parts[i].data, parts[i].bytes, cudaMemcpyDefault,
-                                           ToStream(stream)),
+      PSD_CHECK(CudaStatus(cudaMemcpyAsync(static_cast<unsigned char*>(dst) + off, parts[i].data,
+                                           parts[i].bytes, cudaMemcpyDefault, ToStream(stream)),
                            StrCat("Pack: cudaMemcpyAsync(parts[", i, "])").c_str()));
       off += parts[i].bytes;
     }
     return Status::Ok();
   }
 
-  Status Unpack(const void* src, const std::vector<ByteRange>& parts,
-                void* stream) const override {
+  Status Unpack(const void* src, const std::vector<ByteRange>& parts, void* stream) const override {
     size_t total = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       PSD_REQUIRE_ARG(parts[i].data != nullptr || parts[i].bytes == 0, "Unpack: parts[", i,
@@ -208,10 +202,10 @@ class CudaKernelsImpl final : public Kernels {
     size_t off = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].bytes == 0) continue;
-      PSD_CHECK(CudaStatus(cudaMemcpyAsync(parts[i].data,
-                                           static_cast<const unsigned char*>(src) + off,
-                                           parts[i].bytes, cudaMemcpyDefault, ToStream(stream)),
-                           StrCat("Unpack: cudaMemcpyAsync(parts[", i, "])").c_str()));
+      PSD_CHECK(
+          CudaStatus(cudaMemcpyAsync(parts[i].data, static_cast<const unsigned char*>(src) + off,
+                                     parts[i].bytes, cudaMemcpyDefault, ToStream(stream)),
+                     StrCat("Unpack: cudaMemcpyAsync(parts[", i, "])").c_str()));
       off += parts[i].bytes;
     }
     return Status::Ok();
@@ -224,8 +218,8 @@ class CudaKernelsImpl final : public Kernels {
     PSD_REQUIRE_ARG(NonNegativeFinite(p.lr), kCall, ": lr is ", p.lr, "; expected finite >= 0");
     PSD_REQUIRE_ARG(NonNegativeFinite(p.momentum), kCall, ": momentum is ", p.momentum,
                     "; expected finite >= 0");
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ",
-                    p.weight_decay, "; expected finite >= 0");
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ", p.weight_decay,
+                    "; expected finite >= 0");
     PSD_REQUIRE_ARG(!p.nesterov || p.momentum > 0.0f, kCall,
                     ": nesterov needs momentum > 0 (momentum is ", p.momentum, ")");
     PSD_REQUIRE_ARG(std::isfinite(grad_scale), kCall, ": grad_scale is ", grad_scale,
@@ -233,8 +227,8 @@ class CudaKernelsImpl final : public Kernels {
     if (n == 0) return Status::Ok();
     PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
     PSD_REQUIRE_ARG(param != nullptr, kCall, ": param is null with n = ", n);
-    PSD_REQUIRE_ARG(velocity != nullptr || p.momentum == 0.0f, kCall, ": momentum is ",
-                    p.momentum, " but velocity is null; expected a buffer of n = ", n, " floats");
+    PSD_REQUIRE_ARG(velocity != nullptr || p.momentum == 0.0f, kCall, ": momentum is ", p.momentum,
+                    " but velocity is null; expected a buffer of n = ", n, " floats");
     PSD_CHECK(CheckDevicePointer(kCall, "param", param, n * sizeof(float)));
     if (p.momentum != 0.0f) {
       PSD_CHECK(CheckDevicePointer(kCall, "velocity", velocity, n * sizeof(float)));
@@ -252,10 +246,9 @@ class CudaKernelsImpl final : public Kernels {
                     "; expected 0 <= beta1 < 1");
     PSD_REQUIRE_ARG(p.beta2 >= 0.0f && p.beta2 < 1.0f, kCall, ": beta2 is ", p.beta2,
                     "; expected 0 <= beta2 < 1");
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.eps), kCall, ": eps is ", p.eps,
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.eps), kCall, ": eps is ", p.eps, "; expected finite >= 0");
+    PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ", p.weight_decay,
                     "; expected finite >= 0");
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ",
-                    p.weight_decay, "; expected finite >= 0");
     PSD_REQUIRE_ARG(p.step >= 1, kCall, ": step is ", p.step,
                     "; expected the 1-based count of steps taken, >= 1");
     PSD_REQUIRE_ARG(std::isfinite(grad_scale), kCall, ": grad_scale is ", grad_scale,
@@ -269,8 +262,8 @@ class CudaKernelsImpl final : public Kernels {
     const double t = static_cast<double>(p.step);
     const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
     const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
-    PSD_REQUIRE_ARG(bc1 > 0.0 && bc2 > 0.0, kCall, ": bias correction vanished (beta1 = ",
-                    p.beta1, ", beta2 = ", p.beta2, ", step = ", p.step, ")");
+    PSD_REQUIRE_ARG(bc1 > 0.0 && bc2 > 0.0, kCall, ": bias correction vanished (beta1 = ", p.beta1,
+                    ", beta2 = ", p.beta2, ", step = ", p.step, ")");
     PSD_CHECK(CheckDevicePointer(kCall, "param", param, n * sizeof(float)));
     PSD_CHECK(CheckDevicePointer(kCall, "m", m, n * sizeof(float)));
     PSD_CHECK(CheckDevicePointer(kCall, "v", v, n * sizeof(float)));

@@ -26,8 +26,8 @@ unsigned GridFor(size_t n) {
   return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(blocks, 65535)));
 }
 
-#define PSD_GRID_STRIDE(i, n)                                                               \
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);      \
+#define PSD_GRID_STRIDE(i, n)                                                          \
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
 
 // Records the smallest position j whose index is >= n.
@@ -71,8 +71,7 @@ __device__ __forceinline__ float SumPieces(const float* grads, int num, size_t s
 }
 
 __global__ void SgdKernel(float* param, const float* grads, int num, size_t stride, float scale,
-                          float* velocity, size_t n, float lr, float mu, float wd,
-                          bool nesterov) {
+                          float* velocity, size_t n, float lr, float mu, float wd, bool nesterov) {
   PSD_GRID_STRIDE(i, n) {
     float g = SumPieces(grads, num, stride, i) * scale;
     float p = param[i];
@@ -170,8 +169,8 @@ Status LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, si
     Bf16ToFloatKernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src),
                                                      static_cast<float*>(dst), count);
   } else {
-    return InternalError("Cast: LaunchCast reached with an unsupported pair ",
-                         DTypeName(src_type), " -> ", DTypeName(dst_type));
+    return InternalError("Cast: LaunchCast reached with an unsupported pair ", DTypeName(src_type),
+                         " -> ", DTypeName(dst_type));
   }
   return CudaStatus(cudaGetLastError(), "Cast kernel launch");
 }
@@ -179,9 +178,9 @@ Status LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, si
 Status LaunchSgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                      float grad_scale, float* velocity, size_t n, const SgdParams& p,
                      cudaStream_t stream) {
-  SgdKernel<<<GridFor(n), kThreads, 0, stream>>>(param, grads, num_grads, grad_stride,
-                                                 grad_scale, velocity, n, p.lr, p.momentum,
-                                                 p.weight_decay, p.nesterov);
+  SgdKernel<<<GridFor(n), kThreads, 0, stream>>>(param, grads, num_grads, grad_stride, grad_scale,
+                                                 velocity, n, p.lr, p.momentum, p.weight_decay,
+                                                 p.nesterov);
   return CudaStatus(cudaGetLastError(), "SgdStep kernel launch");
 }
 
@@ -189,8 +188,8 @@ Status LaunchAdamStep(float* param, const float* grads, int num_grads, size_t gr
                       float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
                       float step_size, float inv_bc2_sqrt, cudaStream_t stream) {
   AdamKernel<<<GridFor(n), kThreads, 0, stream>>>(
-      param, grads, num_grads, grad_stride, grad_scale, m, v, n, p.beta1, p.beta2,
-      1.0f - p.beta1, 1.0f - p.beta2, p.eps, p.weight_decay, step_size, inv_bc2_sqrt);
+      param, grads, num_grads, grad_stride, grad_scale, m, v, n, p.beta1, p.beta2, 1.0f - p.beta1,
+      1.0f - p.beta2, p.eps, p.weight_decay, step_size, inv_bc2_sqrt);
   return CudaStatus(cudaGetLastError(), "AdamStep kernel launch");
 }
 

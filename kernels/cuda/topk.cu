@@ -27,13 +27,12 @@
 // growing frees the old block with cudaFree, which waits for the device: that happens only on
 // the first call and when n or k grows, never in steady state.
 #include <cuda_runtime.h>
-
-#include <cub/device/device_partition.cuh>
-#include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/discard_iterator.h>
 
 #include <algorithm>
+#include <cub/device/device_partition.cuh>
+#include <cub/device/device_select.cuh>
 
 #include "kernels/cuda/launch.h"
 #include "runtime/cuda_util.h"
@@ -48,10 +47,10 @@ constexpr int kPasses = 4;  // 8 bits each, from the top
 constexpr int kThreads = 256;
 
 struct TopKState {
-  uint32_t prefix;             // key bits fixed so far (then the threshold T)
-  uint32_t k_rem;              // how many of the top k lie at or below the prefix
-  long long cand_count;        // keys in the bin found by pass 1
-  long long part_counts[2];    // [0]: keys > T, [1]: keys == T
+  uint32_t prefix;           // key bits fixed so far (then the threshold T)
+  uint32_t k_rem;            // how many of the top k lie at or below the prefix
+  long long cand_count;      // keys in the bin found by pass 1
+  long long part_counts[2];  // [0]: keys > T, [1]: keys == T
 };
 
 __device__ __forceinline__ uint32_t KeyOf(float x) {
@@ -86,14 +85,13 @@ __device__ __forceinline__ void AddToBin(uint32_t* local, uint32_t bin) {
 // so the residual and momentum come out bit-identical to CpuKernels().
 template <bool kMom>
 __global__ void __launch_bounds__(kThreads)
-    FusedPass(const float* __restrict__ grad, float* __restrict__ residual,
-              float* __restrict__ mom, float momentum, size_t n, uint32_t* hist) {
+    FusedPass(const float* __restrict__ grad, float* __restrict__ residual, float* __restrict__ mom,
+              float momentum, size_t n, uint32_t* hist) {
   __shared__ uint32_t local[kBins];
   for (int i = threadIdx.x; i < kBins; i += blockDim.x) local[i] = 0;
   __syncthreads();
   size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     float u = grad[i];
     if (kMom) {
       u = momentum * mom[i] + u;
@@ -135,8 +133,7 @@ struct InTopBin {
 
 // Step 4: histogram of the candidates that match the prefix in the bits above `shift + 8`.
 __global__ void __launch_bounds__(kThreads)
-    RefinePass(const float* __restrict__ cand, const TopKState* state, uint32_t* hist,
-               int shift) {
+    RefinePass(const float* __restrict__ cand, const TopKState* state, uint32_t* hist, int shift) {
   __shared__ uint32_t local[kBins];
   for (int i = threadIdx.x; i < kBins; i += blockDim.x) local[i] = 0;
   __syncthreads();
@@ -172,8 +169,10 @@ __device__ __forceinline__ long long LowerBound(const uint32_t* a, long long len
   long long lo = 0, hi = len;
   while (lo < hi) {
     long long mid = (lo + hi) / 2;
-    if (a[mid] < x) lo = mid + 1;
-    else hi = mid;
+    if (a[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -224,10 +223,9 @@ class TopKWorkspace final : public KernelWorkspace {
     // Size queries only: CUB dereferences none of these pointers.
     const TopKState* null_state = nullptr;
     long long* null_counts = nullptr;
-    PSD_CUDA_CHECK(cub::DeviceSelect::If(nullptr, select_bytes, static_cast<const float*>(nullptr),
-                                         static_cast<float*>(nullptr), null_counts,
-                                         static_cast<int64_t>(want_n), InTopBin{null_state},
-                                         stream));
+    PSD_CUDA_CHECK(cub::DeviceSelect::If(
+        nullptr, select_bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+        null_counts, static_cast<int64_t>(want_n), InTopBin{null_state}, stream));
     PSD_CUDA_CHECK(cub::DevicePartition::If(
         nullptr, partition_bytes, thrust::counting_iterator<uint32_t>(0),
         static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
@@ -247,9 +245,9 @@ class TopKWorkspace final : public KernelWorkspace {
       block_ = nullptr;
     }
     void* p = nullptr;
-    PSD_CHECK(CudaStatus(cudaMalloc(&p, total),
-                         StrCat("FusedResidualTopK: cudaMalloc(", total, " bytes workspace)")
-                             .c_str()));
+    PSD_CHECK(
+        CudaStatus(cudaMalloc(&p, total),
+                   StrCat("FusedResidualTopK: cudaMalloc(", total, " bytes workspace)").c_str()));
     block_ = p;
     auto* base = static_cast<unsigned char*>(p);
     state_ = reinterpret_cast<TopKState*>(base);
@@ -299,11 +297,10 @@ Status LaunchFusedResidualTopK(const float* grad, float* residual, float* moment
 
   InitState<<<1, kThreads, 0, stream>>>(state, w->hist_, static_cast<uint32_t>(k));
   if (momentum_buf != nullptr) {
-    FusedPass<true><<<grid, kThreads, 0, stream>>>(grad, residual, momentum_buf, momentum, n,
-                                                   w->hist_);
+    FusedPass<true>
+        <<<grid, kThreads, 0, stream>>>(grad, residual, momentum_buf, momentum, n, w->hist_);
   } else {
-    FusedPass<false><<<grid, kThreads, 0, stream>>>(grad, residual, nullptr, momentum, n,
-                                                    w->hist_);
+    FusedPass<false><<<grid, kThreads, 0, stream>>>(grad, residual, nullptr, momentum, n, w->hist_);
   }
   FindDigit<<<1, 1, 0, stream>>>(w->hist_, state, 24);
   PSD_CUDA_CHECK(cudaGetLastError());
@@ -331,8 +328,8 @@ Status LaunchFusedResidualTopK(const float* grad, float* residual, float* moment
       AboveThreshold{residual, state}, AtThreshold{residual, state}, stream));
 
   unsigned merge_grid = static_cast<unsigned>((k + kThreads - 1) / kThreads);
-  MergeEmit<<<merge_grid, kThreads, 0, stream>>>(w->above_, ties, state, k, residual,
-                                                 momentum_buf, out_idx, out_val);
+  MergeEmit<<<merge_grid, kThreads, 0, stream>>>(w->above_, ties, state, k, residual, momentum_buf,
+                                                 out_idx, out_val);
   PSD_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }

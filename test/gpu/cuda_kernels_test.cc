@@ -2,13 +2,14 @@
 // argument checks, which run (and must pass) on machines without a GPU: bad arguments are
 // rejected before any CUDA call. With a GPU, every kernel except ScatterAdd with repeated
 // indices must match the CPU kernel bit for bit (see kernels/cuda/cuda_kernels.h).
+#include "kernels/cuda/cuda_kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
 #include "runtime/half.h"
 #include "test/gpu/gpu_test_util.h"
@@ -78,8 +79,7 @@ TEST(CudaKernelsArgs, TopKRejectsBadArguments) {
   auto cpu_ws = Cpu().NewWorkspace();
   s = code(10, 3, nullptr, 0.0f, cpu_ws.get());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("another Kernels implementation"), std::string::npos)
-      << s.message();
+  EXPECT_NE(s.message().find("another Kernels implementation"), std::string::npos) << s.message();
   s = Gpu().FusedResidualTopK(f, reinterpret_cast<float*>(f), nullptr, 0.0f, 10, 3, idx, r,
                               ws.get(), nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -123,8 +123,7 @@ TEST(CudaKernelsNoGpu, CallsFailWithTheCudaError) {
     GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
   }
   std::vector<float> host(16, 1.0f);
-  Status s = Gpu().Cast(host.data(), DType::kFloat32, host.data() + 8, DType::kFloat16, 4,
-                        nullptr);
+  Status s = Gpu().Cast(host.data(), DType::kFloat32, host.data() + 8, DType::kFloat16, 4, nullptr);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("cuda"), std::string::npos) << s.message();
 }
@@ -159,13 +158,14 @@ TEST_P(CudaTopK, MatchesCpuOverSteps) {
     d_grad.Upload(grad);
     std::vector<uint32_t> idx(c.k);
     std::vector<float> val(c.k);
-    ASSERT_TRUE(Cpu().FusedResidualTopK(grad.data(), residual.data(),
-                                        c.momentum ? mom.data() : nullptr, m, c.n, c.k,
-                                        idx.data(), val.data(), cpu_ws.get(), nullptr)
+    ASSERT_TRUE(Cpu()
+                    .FusedResidualTopK(grad.data(), residual.data(),
+                                       c.momentum ? mom.data() : nullptr, m, c.n, c.k, idx.data(),
+                                       val.data(), cpu_ws.get(), nullptr)
                     .ok());
-    Status s = Gpu().FusedResidualTopK(d_grad.get(), d_res.get(),
-                                       c.momentum ? d_mom.get() : nullptr, m, c.n, c.k,
-                                       d_idx.get(), d_val.get(), gpu_ws.get(), nullptr);
+    Status s =
+        Gpu().FusedResidualTopK(d_grad.get(), d_res.get(), c.momentum ? d_mom.get() : nullptr, m,
+                                c.n, c.k, d_idx.get(), d_val.get(), gpu_ws.get(), nullptr);
     ASSERT_TRUE(s.ok()) << s.ToString();
     ASSERT_EQ(d_idx.Download(), idx) << "step " << step;
     ExpectSameBits(val, d_val.Download(), "values");
@@ -208,8 +208,7 @@ TEST(CudaKernels, ScatterAddMatchesCpu) {
   d_idx.Upload(rep);
   s = Gpu().ScatterAdd(d_idx.get(), d_val.get(), m, d_dense.get(), n, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("idx[5] is 50003 but n is 50000"), std::string::npos)
-      << s.message();
+  EXPECT_NE(s.message().find("idx[5] is 50003 but n is 50000"), std::string::npos) << s.message();
   std::vector<float> after = d_dense.Download();
   ExpectSameBits(got, after, "dense after a bad index (unchanged)");
 }
@@ -236,19 +235,24 @@ TEST(CudaKernels, PackUnpackRoundTrip) {
   PSD_SKIP_WITHOUT_GPU();
   std::vector<float> a = RandomFloats(1000, 4), b = RandomFloats(3, 5), c = RandomFloats(777, 6);
   DeviceBuffer<float> da(a), db(b), dc(c), fused(a.size() + b.size() + c.size());
-  ASSERT_TRUE(Gpu().Pack({{da.get(), a.size() * 4}, {db.get(), 0}, {db.get(), b.size() * 4},
-                          {dc.get(), c.size() * 4}},
-                         fused.get(), nullptr)
+  ASSERT_TRUE(Gpu()
+                  .Pack({{da.get(), a.size() * 4},
+                         {db.get(), 0},
+                         {db.get(), b.size() * 4},
+                         {dc.get(), c.size() * 4}},
+                        fused.get(), nullptr)
                   .ok());
   std::vector<float> want = a;
   want.insert(want.end(), b.begin(), b.end());
   want.insert(want.end(), c.begin(), c.end());
   ExpectSameBits(want, fused.Download(), "packed");
   DeviceBuffer<float> ra(a.size()), rb(b.size()), rc(c.size());
-  ASSERT_TRUE(Gpu().Unpack(fused.get(), {{ra.get(), a.size() * 4}, {rb.get(), b.size() * 4},
-                                         {rc.get(), c.size() * 4}},
-                           nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      Gpu()
+          .Unpack(fused.get(),
+                  {{ra.get(), a.size() * 4}, {rb.get(), b.size() * 4}, {rc.get(), c.size() * 4}},
+                  nullptr)
+          .ok());
   ExpectSameBits(a, ra.Download(), "a");
   ExpectSameBits(b, rb.Download(), "b");
   ExpectSameBits(c, rc.Download(), "c");
@@ -268,11 +272,13 @@ TEST(CudaKernels, OptimizerStepsAndSumIntoMatchCpu) {
     sp.momentum = 0.9f;
     sp.weight_decay = 1e-4f;
     sp.nesterov = nesterov;
-    ASSERT_TRUE(Cpu().SgdStep(p.data(), grads.data(), num, stride, 1.0f / 3, vel.data(), n, sp,
-                              nullptr)
-                    .ok());
     ASSERT_TRUE(
-        Gpu().SgdStep(dp.get(), d_grads.get(), num, stride, 1.0f / 3, dv.get(), n, sp, nullptr)
+        Cpu()
+            .SgdStep(p.data(), grads.data(), num, stride, 1.0f / 3, vel.data(), n, sp, nullptr)
+            .ok());
+    ASSERT_TRUE(
+        Gpu()
+            .SgdStep(dp.get(), d_grads.get(), num, stride, 1.0f / 3, dv.get(), n, sp, nullptr)
             .ok());
     ExpectSameBits(p, dp.Download(), "sgd param");
     ExpectSameBits(vel, dv.Download(), "sgd velocity");
@@ -283,12 +289,14 @@ TEST(CudaKernels, OptimizerStepsAndSumIntoMatchCpu) {
   AdamParams ap;
   ap.step = 7;
   ap.weight_decay = 0.01f;
-  ASSERT_TRUE(Cpu().AdamStep(p.data(), grads.data(), num, stride, 0.5f, m.data(), v.data(), n,
-                             ap, nullptr)
-                  .ok());
-  ASSERT_TRUE(Gpu().AdamStep(dp.get(), d_grads.get(), num, stride, 0.5f, dm.get(), dv.get(), n,
-                             ap, nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      Cpu()
+          .AdamStep(p.data(), grads.data(), num, stride, 0.5f, m.data(), v.data(), n, ap, nullptr)
+          .ok());
+  ASSERT_TRUE(
+      Gpu()
+          .AdamStep(dp.get(), d_grads.get(), num, stride, 0.5f, dm.get(), dv.get(), n, ap, nullptr)
+          .ok());
   ExpectSameBits(p, dp.Download(), "adam param");
   ExpectSameBits(m, dm.Download(), "adam m");
   ExpectSameBits(v, dv.Download(), "adam v");
@@ -307,10 +315,11 @@ TEST(CudaKernels, SufficientFactorGemmMatchesCpu) {
   std::vector<float> g = RandomFloats(m * n, 17);
   DeviceBuffer<float> du(u), dv(v), dg(g);
   ASSERT_TRUE(
-      Cpu().SufficientFactorGemm(u.data(), v.data(), rows, m, n, 0.25f, 1.0f, g.data(), nullptr)
+      Cpu()
+          .SufficientFactorGemm(u.data(), v.data(), rows, m, n, 0.25f, 1.0f, g.data(), nullptr)
           .ok());
-  Status s = Gpu().SufficientFactorGemm(du.get(), dv.get(), rows, m, n, 0.25f, 1.0f, dg.get(),
-                                        nullptr);
+  Status s =
+      Gpu().SufficientFactorGemm(du.get(), dv.get(), rows, m, n, 0.25f, 1.0f, dg.get(), nullptr);
   ASSERT_TRUE(s.ok()) << s.ToString();
   std::vector<float> got = dg.Download();
   // Summation order inside the GEMMs differs (BLAS vs cuBLAS blocking): float32 tolerance.

@@ -6,9 +6,8 @@
 // backend the communicator picks (NCCL at P = 1 with one GPU, MPI-staged when ranks share a
 // GPU, P = 2 and 4) and of the staged backend directly, against exact values: rank r
 // contributes (r + 1) * f(i) with small integers f(i), so sums are exact in every dtype.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
@@ -37,9 +36,9 @@ bool AnyRankWithoutGpu() {
   return any != 0;
 }
 
-#define PSD_SKIP_UNLESS_ALL_HAVE_GPU()                                                 \
-  do {                                                                                 \
-    if (AnyRankWithoutGpu()) GTEST_SKIP() << "a rank has no GPU: " << NoGpuReason();   \
+#define PSD_SKIP_UNLESS_ALL_HAVE_GPU()                                               \
+  do {                                                                               \
+    if (AnyRankWithoutGpu()) GTEST_SKIP() << "a rank has no GPU: " << NoGpuReason(); \
   } while (0)
 
 TEST(DeviceBackendNoGpu, CommunicatorReportsUnavailableOnEveryRank) {

@@ -19,10 +19,10 @@ inline std::string NoGpuReason() {
   return count.ok() ? std::string() : count.status().message();
 }
 
-#define PSD_SKIP_WITHOUT_GPU()                                      \
-  do {                                                              \
-    std::string psd_no_gpu_ = ::poseidon::testing::NoGpuReason();   \
-    if (!psd_no_gpu_.empty()) GTEST_SKIP() << psd_no_gpu_;          \
+#define PSD_SKIP_WITHOUT_GPU()                                    \
+  do {                                                            \
+    std::string psd_no_gpu_ = ::poseidon::testing::NoGpuReason(); \
+    if (!psd_no_gpu_.empty()) GTEST_SKIP() << psd_no_gpu_;        \
   } while (0)
 
 // Device memory holding n elements of T; copies to and from host vectors.
