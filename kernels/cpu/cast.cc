@@ -29,7 +29,13 @@ inline uint32_t Select(bool cond, uint32_t a, uint32_t b) {
 
 // Wider clones of the cast loops, picked at load time from the CPU's features (no -march
 // needed, and valgrind, which hides AVX-512, gets the AVX2 clone).
+// ThreadSanitizer's runtime is not ready when ifunc resolvers run at load time (GCC), so a
+// TSan build keeps the single default version.
+#if defined(__SANITIZE_THREAD__)
+#define kCastClones
+#else
 #define kCastClones __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 inline uint16_t FloatToHalfSelect(float f) {
   const uint32_t u = FloatBits(f);
