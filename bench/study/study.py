@@ -57,7 +57,11 @@ def run_trainer(args, model, p, with_predict):
 
 
 def plots(meas, pred, strat, out_dir):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # pyenv's python: use Debian's python3-matplotlib
+        sys.path.append("/usr/lib/python3/dist-packages")
+        import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
