@@ -44,6 +44,11 @@ class EngineBridgeImpl : public EngineBridge {
     return s;
   }
 
+  Status Health() const override {
+    if (stopping_.load()) return Status::Ok();
+    return engine_->status();
+  }
+
   Result<HandlePtr> Submit(int layer, const Gradient& g) {
     int64_t step = steps_[static_cast<size_t>(layer)]++;
     CommState* state = state_;

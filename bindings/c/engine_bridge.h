@@ -20,6 +20,8 @@ class EngineBridge {
   // Drains or fails what is pending and stops the engine thread; the hybrid collective is the
   // communicator's again afterwards.
   virtual Status Stop() = 0;
+  // The engine's sticky failure (OK while healthy or after our own clean Stop).
+  virtual Status Health() const = 0;
 };
 
 }  // namespace poseidon::capi

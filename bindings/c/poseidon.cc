@@ -364,6 +364,10 @@ psdResult_t psdCommGetAsyncError(psdComm_t comm, psdResult_t* async_error) {
         comm == nullptr ? nullptr : Registry::Get().FindComm(comm);
     PSD_REQUIRE_ARG(state != nullptr, "comm ", static_cast<const void*>(comm),
                     " is not a live communicator");
+    // The engine may have failed with no handle left to report it (e.g. another rank's bad
+    // submission). Ask it when no other call holds the communicator; never wait for one.
+    std::unique_lock<std::mutex> lock(state->call_mu, std::try_to_lock);
+    if (lock.owns_lock() && state->engine) state->SetAsyncError(state->engine->Health());
     *async_error = static_cast<psdResult_t>(state->async_error.load());
     return Status::Ok();
   });

@@ -193,7 +193,8 @@ PSD_API psdResult_t psdCommSize(psdComm_t comm, int* size);
 PSD_API psdResult_t psdCommLocalRank(psdComm_t comm, int* local_rank);
 PSD_API psdResult_t psdCommLocalSize(psdComm_t comm, int* local_size);
 
-/* The sticky asynchronous error: psdSuccess until a submitted exchange or the engine fails,
+/* The sticky asynchronous error: psdSuccess until a submitted exchange or the engine fails (on
+ * this rank or because another rank failed it, e.g. with a refused submission),
  * then that failure's code for the rest of the communicator's life (the message is in
  * psdGetLastError(comm)). Local, never blocks. */
 PSD_API psdResult_t psdCommGetAsyncError(psdComm_t comm, psdResult_t* async_error);
@@ -281,7 +282,11 @@ PSD_API psdResult_t psdPrintPlan(psdComm_t comm, FILE* stream);
  *   params  the parameters (required with an optimizer, updated in place; else may be NULL).
  *   u, v    sufficient factors of a fully connected layer: batch x M and batch x N, row-major
  *           (NULL for other layers, or to send the dense gradient).
- * All buffers are borrowed until the handle completes; do not touch them before. */
+ * All buffers are borrowed until the handle completes; do not touch them before.
+ * A submission refused here (psdInvalidArgument: bad layer, missing buffer or factors, no
+ * current plan) also fails the engine on every rank, since the other ranks would wait for it:
+ * their pending and later handles fail and psdCommGetAsyncError reports it; psdBuildPlan
+ * starts a fresh engine. */
 PSD_API psdResult_t psdSubmit(psdComm_t comm, int layer_id, float* grad, float* params,
                               const float* u, const float* v, size_t batch,
                               psdHandle_t* handle);

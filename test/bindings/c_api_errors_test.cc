@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -266,6 +267,19 @@ TEST_F(CApi, PlanSizeQueryAndSubmitChecks) {
   EXPECT_NE(Last(comm_).find("grad is NULL; expected 24 floats"), std::string::npos);
   EXPECT_EQ(psdSubmit(comm_, id, g, nullptr, nullptr, nullptr, 0, nullptr), psdInvalidArgument);
   EXPECT_EQ(h, nullptr);
+  // A refused submission also fails the engine on every rank (the others would wait for it):
+  // the sticky asynchronous error says so within a few engine cycles.
+  psdResult_t async = psdSuccess;
+  for (int i = 0; i < 500 && async == psdSuccess; ++i) {
+    ASSERT_EQ(psdCommGetAsyncError(comm_, &async), psdSuccess);
+    if (async == psdSuccess) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(async, psdInvalidArgument);
+  EXPECT_NE(Last(comm_).find("asynchronous error"), std::string::npos) << Last(comm_);
+  // Later submissions fail with the same sticky error instead of hanging.
+  ASSERT_EQ(psdSubmit(comm_, id, g, nullptr, nullptr, nullptr, 0, &h), psdSuccess);
+  EXPECT_EQ(psdWait(h, 10000), psdInvalidArgument);
+  EXPECT_EQ(psdHandleFree(h), psdSuccess);
 }
 
 TEST_F(CApi, MessagesArePerThreadAndPerComm) {
