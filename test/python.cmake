@@ -12,11 +12,11 @@ else()
 endif()
 set(POSEIDON_TEST_PYTHON ${_psd_default_test_python} CACHE FILEPATH
     "Python interpreter for the Python tests (needs numpy and torch)")
-set(_psd_pythonpath
-    "${PROJECT_SOURCE_DIR}/bindings/python:${PROJECT_BINARY_DIR}/bindings/python:/usr/lib/python3/dist-packages")
+string(JOIN ":" _psd_pythonpath ${PROJECT_SOURCE_DIR}/bindings/python
+       ${PROJECT_BINARY_DIR}/bindings/python /usr/lib/python3/dist-packages)
 
-# psd_add_python_mpi_test(<name> <script> NP <n...> [TIMEOUT <s>] [ARGS ...]): like psd_add_mpi_test for a
-# Python script (exit code 77 = skipped, e.g. torch missing).
+# psd_add_python_mpi_test(<name> <script> NP <n...> [TIMEOUT <s>] [ARGS ...]): like
+# psd_add_mpi_test for a Python script (exit code 77 = skipped, e.g. torch missing).
 function(psd_add_python_mpi_test name script)
   cmake_parse_arguments(T "" "TIMEOUT" "NP;ARGS" ${ARGN})
   if(NOT T_TIMEOUT)
@@ -28,16 +28,18 @@ function(psd_add_python_mpi_test name script)
               ${POSEIDON_MPIRUN_FLAGS} -x PYTHONPATH -x POSEIDON_COST_CACHE
               ${POSEIDON_TEST_PYTHON} ${script} ${T_ARGS})
     math(EXPR ctest_timeout "${T_TIMEOUT} + 30")
+    set(cache ${PROJECT_BINARY_DIR}/test/python-cost-np${np}.txt)
     set_tests_properties(${name}_np${np} PROPERTIES TIMEOUT ${ctest_timeout}
-      ENVIRONMENT "${POSEIDON_MPI_TEST_ENV};PYTHONPATH=${_psd_pythonpath};POSEIDON_COST_CACHE=${PROJECT_BINARY_DIR}/test/python-cost-np${np}.txt"
+      ENVIRONMENT
+        "${POSEIDON_MPI_TEST_ENV};PYTHONPATH=${_psd_pythonpath};POSEIDON_COST_CACHE=${cache}"
       LABELS "mpi;python" SKIP_RETURN_CODE 77)
   endforeach()
 endfunction()
 
 psd_add_python_mpi_test(python_module ${CMAKE_CURRENT_SOURCE_DIR}/python/module_test.py
                         NP 1 2 4 TIMEOUT 120)
-psd_add_python_mpi_test(python_torch_train ${CMAKE_CURRENT_SOURCE_DIR}/python/torch_train_test.py
-                        NP 2 4 TIMEOUT 240)
+psd_add_python_mpi_test(python_torch_train
+                        ${CMAKE_CURRENT_SOURCE_DIR}/python/torch_train_test.py NP 2 4 TIMEOUT 240)
 psd_add_python_mpi_test(python_train_example
                         ${PROJECT_SOURCE_DIR}/examples/python/train_torch.py NP 2 TIMEOUT 120
                         ARGS --steps 40)

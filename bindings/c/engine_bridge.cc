@@ -76,7 +76,8 @@ Status CheckSubmit(CommState& s, int layer_id, float* grad, float* params, const
                   static_cast<long long>(s.layers.size()) - 1);
   const LayerSpec& layer = s.layers[static_cast<size_t>(layer_id)];
   PSD_REQUIRE_ARG(s.engine != nullptr && s.strategies.size() == s.layers.size(), "layer '",
-                  layer.name, "' has no current plan (layers were registered after the last "
+                  layer.name,
+                  "' has no current plan (layers were registered after the last "
                   "psdBuildPlan, or none was built); expected psdBuildPlan first");
   PSD_REQUIRE_ARG(grad != nullptr || layer.NumElements() == 0, "layer '", layer.name,
                   "': grad is NULL; expected ", layer.NumElements(), " floats");
@@ -88,16 +89,17 @@ Status CheckSubmit(CommState& s, int layer_id, float* grad, float* params, const
                   static_cast<const void*>(u), ") and v (", static_cast<const void*>(v),
                   ") is given; expected both factors or neither");
   if (u != nullptr) {
-    PSD_REQUIRE_ARG(layer.kind == LayerKind::kFullyConnected, "layer '", layer.name,
-                    "' is ", LayerKindName(layer.kind),
+    PSD_REQUIRE_ARG(layer.kind == LayerKind::kFullyConnected, "layer '", layer.name, "' is ",
+                    LayerKindName(layer.kind),
                     "; sufficient factors need a psdLayerFullyConnected layer");
   } else {
-    PSD_REQUIRE_ARG(batch == 0 || layer.kind == LayerKind::kFullyConnected, "layer '",
-                    layer.name, "': batch ", batch, " without factors; expected 0");
+    PSD_REQUIRE_ARG(batch == 0 || layer.kind == LayerKind::kFullyConnected, "layer '", layer.name,
+                    "': batch ", batch, " without factors; expected 0");
   }
   PSD_REQUIRE_ARG(s.strategies[static_cast<size_t>(layer_id)] != StrategyKind::kSfb ||
                       u != nullptr || s.planned_batch == 0,
-                  "layer '", layer.name, "' is planned as sfb but no factors were given; "
+                  "layer '", layer.name,
+                  "' is planned as sfb but no factors were given; "
                   "expected u and v (batch x M, batch x N)");
   return Status::Ok();
 }
@@ -119,8 +121,9 @@ psdResult_t WithHandle(const char* call, psdHandle_t handle,
   std::shared_ptr<HandleState> h;
   try {
     if (handle == nullptr) {
-      return Fail(call, nullptr, InvalidArgument("handle is NULL; expected a handle from "
-                                                 "psdSubmit"));
+      return Fail(call, nullptr,
+                  InvalidArgument("handle is NULL; expected a handle from "
+                                  "psdSubmit"));
     }
     h = Registry::Get().FindHandle(handle);
     if (h == nullptr) {
@@ -131,8 +134,7 @@ psdResult_t WithHandle(const char* call, psdHandle_t handle,
     }
     Status s = body(*h);
     if (s.ok()) return psdSuccess;
-    std::shared_ptr<CommState> comm =
-        Registry::Get().FindComm(HandleOf<psdComm_t>(h->comm_id));
+    std::shared_ptr<CommState> comm = Registry::Get().FindComm(HandleOf<psdComm_t>(h->comm_id));
     return Fail(call, comm.get(), s);
   } catch (const std::exception& e) {
     return Fail(call, nullptr, InternalError("unexpected C++ exception: ", e.what()));

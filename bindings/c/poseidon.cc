@@ -166,14 +166,14 @@ Result<LayerSpec> ToLayerSpec(const psdLayerConfig_t& c) {
                   "psdLayerSparse (2)");
   spec.kind = static_cast<LayerKind>(kind);
   int strategy = static_cast<int>(c.strategy);
-  PSD_REQUIRE_ARG(strategy >= psdStrategyAuto && strategy <= psdStrategyTopk, who,
-                  ": strategy ", strategy,
+  PSD_REQUIRE_ARG(strategy >= psdStrategyAuto && strategy <= psdStrategyTopk, who, ": strategy ",
+                  strategy,
                   " is unknown; expected psdStrategyAuto (-1), psdStrategyAllReduce (0), "
                   "psdStrategyPs (1), psdStrategySfb (2) or psdStrategyTopk (3)");
   if (strategy != psdStrategyAuto) spec.force = static_cast<StrategyKind>(strategy);
   // 0 means "the setting"; anything else must be a fraction in (0, 1] (NaN fails both tests).
-  PSD_REQUIRE_ARG(c.density == 0 || (c.density > 0 && c.density <= 1), who, ": density ",
-                  c.density, " is out of range; expected (0, 1], or 0 for the default");
+  PSD_REQUIRE_ARG(c.density == 0 || (c.density > 0 && c.density <= 1), who, ": density ", c.density,
+                  " is out of range; expected (0, 1], or 0 for the default");
   if (c.density != 0) spec.topk.density = c.density;
   if (c.candidates != nullptr) {
     auto list = ParseStrategyList(c.candidates);
@@ -237,16 +237,26 @@ extern "C" {
 
 const char* psdGetErrorString(psdResult_t result) {
   switch (result) {
-    case psdSuccess: return "success";
-    case psdInvalidArgument: return "invalid argument";
-    case psdMismatch: return "ranks disagree about a collective";
-    case psdBackendError: return "communication backend error (MPI / NCCL / CUDA)";
-    case psdTimeout: return "timed out";
-    case psdAborted: return "communicator aborted by an earlier failure or shutdown";
-    case psdUnavailable: return "not available in this build or on this machine";
-    case psdInternalError: return "internal error";
-    case psdUnimplemented: return "not implemented";
-    case psdNumResults: break;
+    case psdSuccess:
+      return "success";
+    case psdInvalidArgument:
+      return "invalid argument";
+    case psdMismatch:
+      return "ranks disagree about a collective";
+    case psdBackendError:
+      return "communication backend error (MPI / NCCL / CUDA)";
+    case psdTimeout:
+      return "timed out";
+    case psdAborted:
+      return "communicator aborted by an earlier failure or shutdown";
+    case psdUnavailable:
+      return "not available in this build or on this machine";
+    case psdInternalError:
+      return "internal error";
+    case psdUnimplemented:
+      return "not implemented";
+    case psdNumResults:
+      break;
   }
   return "unknown result code";
 }
@@ -255,8 +265,7 @@ const char* psdGetLastError(psdComm_t comm) {
   // One buffer per thread: the returned pointer stays valid however other threads fail.
   static thread_local std::string copy;
   try {
-    std::shared_ptr<CommState> state =
-        comm == nullptr ? nullptr : Registry::Get().FindComm(comm);
+    std::shared_ptr<CommState> state = comm == nullptr ? nullptr : Registry::Get().FindComm(comm);
     copy = state ? state->LastError() : capi::ThreadError();
   } catch (...) {
     copy = "psdGetLastError: out of memory while copying the message";
@@ -301,7 +310,8 @@ psdResult_t psdCommInitFromMpi(MPI_Comm mpi_comm, psdComm_t* comm) {
     PSD_REQUIRE_ARG(comm != nullptr, "comm is NULL; expected a pointer to a psdComm_t");
     *comm = nullptr;
     PSD_CHECK(capi::CheckMpiUsable("psdCommInitFromMpi"));
-    PSD_REQUIRE_ARG(mpi_comm != MPI_COMM_NULL, "mpi_comm is MPI_COMM_NULL; expected a valid "
+    PSD_REQUIRE_ARG(mpi_comm != MPI_COMM_NULL,
+                    "mpi_comm is MPI_COMM_NULL; expected a valid "
                     "MPI communicator");
     auto state = std::make_shared<CommState>();
     PSD_ASSIGN_OR_RETURN(state->comm, Communicator::Create(mpi_comm));
@@ -342,13 +352,13 @@ psdResult_t psdCommDestroy(psdComm_t comm) {
   }
 }
 
-#define PSD_COMM_GETTER(fn, field)                                                    \
-  psdResult_t fn(psdComm_t comm, int* out) {                                          \
-    return WithComm(#fn, comm, [&](CommState& s) -> Status {                          \
-      PSD_REQUIRE_ARG(out != nullptr, "output pointer is NULL; expected an int*");    \
-      *out = s.comm->field();                                                         \
-      return Status::Ok();                                                            \
-    });                                                                               \
+#define PSD_COMM_GETTER(fn, field)                                                 \
+  psdResult_t fn(psdComm_t comm, int* out) {                                       \
+    return WithComm(#fn, comm, [&](CommState& s) -> Status {                       \
+      PSD_REQUIRE_ARG(out != nullptr, "output pointer is NULL; expected an int*"); \
+      *out = s.comm->field();                                                      \
+      return Status::Ok();                                                         \
+    });                                                                            \
   }
 PSD_COMM_GETTER(psdCommRank, rank)
 PSD_COMM_GETTER(psdCommSize, size)
@@ -360,8 +370,7 @@ psdResult_t psdCommGetAsyncError(psdComm_t comm, psdResult_t* async_error) {
   // No call lock: it must answer while another thread is blocked in a collective.
   return Guard("psdCommGetAsyncError", [&]() -> Status {
     PSD_REQUIRE_ARG(async_error != nullptr, "async_error is NULL; expected a psdResult_t*");
-    std::shared_ptr<CommState> state =
-        comm == nullptr ? nullptr : Registry::Get().FindComm(comm);
+    std::shared_ptr<CommState> state = comm == nullptr ? nullptr : Registry::Get().FindComm(comm);
     PSD_REQUIRE_ARG(state != nullptr, "comm ", static_cast<const void*>(comm),
                     " is not a live communicator");
     // The engine may have failed with no handle left to report it (e.g. another rank's bad
@@ -476,7 +485,8 @@ psdResult_t psdLayerConfigInit(psdLayerConfig_t* config) {
 
 psdResult_t psdRegisterLayer(psdComm_t comm, const psdLayerConfig_t* config, int* layer_id) {
   return WithComm("psdRegisterLayer", comm, [&](CommState& s) -> Status {
-    PSD_REQUIRE_ARG(config != nullptr, "config is NULL; expected a psdLayerConfig_t "
+    PSD_REQUIRE_ARG(config != nullptr,
+                    "config is NULL; expected a psdLayerConfig_t "
                     "(psdLayerConfigInit fills the defaults)");
     PSD_REQUIRE_ARG(layer_id != nullptr, "layer_id is NULL; expected an int*");
     PSD_ASSIGN_OR_RETURN(LayerSpec spec, capi::ToLayerSpec(*config));
@@ -500,7 +510,8 @@ psdResult_t psdNumLayers(psdComm_t comm, int* num_layers) {
 
 psdResult_t psdBuildPlan(psdComm_t comm, size_t batch) {
   return WithComm("psdBuildPlan", comm, [&](CommState& s) -> Status {
-    PSD_REQUIRE_ARG(!s.layers.empty(), "no layers are registered; expected psdRegisterLayer "
+    PSD_REQUIRE_ARG(!s.layers.empty(),
+                    "no layers are registered; expected psdRegisterLayer "
                     "before psdBuildPlan");
     return capi::BuildPlanLocked(s, batch);
   });
@@ -509,11 +520,11 @@ psdResult_t psdBuildPlan(psdComm_t comm, size_t batch) {
 psdResult_t psdGetLayerStrategy(psdComm_t comm, int layer_id, psdStrategy_t* strategy) {
   return WithComm("psdGetLayerStrategy", comm, [&](CommState& s) -> Status {
     PSD_REQUIRE_ARG(strategy != nullptr, "strategy is NULL; expected a psdStrategy_t*");
-    PSD_REQUIRE_ARG(layer_id >= 0 && static_cast<size_t>(layer_id) < s.layers.size(),
-                    "layer_id ", layer_id, " is not registered; expected 0..",
+    PSD_REQUIRE_ARG(layer_id >= 0 && static_cast<size_t>(layer_id) < s.layers.size(), "layer_id ",
+                    layer_id, " is not registered; expected 0..",
                     static_cast<long long>(s.layers.size()) - 1);
-    PSD_REQUIRE_ARG(static_cast<size_t>(layer_id) < s.strategies.size(), "layer ", layer_id,
-                    " ('", s.layers[static_cast<size_t>(layer_id)].name,
+    PSD_REQUIRE_ARG(static_cast<size_t>(layer_id) < s.strategies.size(), "layer ", layer_id, " ('",
+                    s.layers[static_cast<size_t>(layer_id)].name,
                     "') has no plan yet; expected psdBuildPlan first");
     *strategy = static_cast<psdStrategy_t>(s.strategies[static_cast<size_t>(layer_id)]);
     return Status::Ok();

@@ -33,30 +33,48 @@ void CommState::SetAsyncError(const Status& status) {
 
 psdResult_t ToResult(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return psdSuccess;
-    case StatusCode::kInvalidArgument: return psdInvalidArgument;
-    case StatusCode::kMismatch: return psdMismatch;
-    case StatusCode::kBackendError: return psdBackendError;
-    case StatusCode::kTimeout: return psdTimeout;
-    case StatusCode::kAborted: return psdAborted;
-    case StatusCode::kUnavailable: return psdUnavailable;
-    case StatusCode::kInternal: return psdInternalError;
-    case StatusCode::kUnimplemented: return psdUnimplemented;
+    case StatusCode::kOk:
+      return psdSuccess;
+    case StatusCode::kInvalidArgument:
+      return psdInvalidArgument;
+    case StatusCode::kMismatch:
+      return psdMismatch;
+    case StatusCode::kBackendError:
+      return psdBackendError;
+    case StatusCode::kTimeout:
+      return psdTimeout;
+    case StatusCode::kAborted:
+      return psdAborted;
+    case StatusCode::kUnavailable:
+      return psdUnavailable;
+    case StatusCode::kInternal:
+      return psdInternalError;
+    case StatusCode::kUnimplemented:
+      return psdUnimplemented;
   }
   return psdInternalError;
 }
 
 StatusCode ToStatusCode(psdResult_t result) {
   switch (result) {
-    case psdSuccess: return StatusCode::kOk;
-    case psdInvalidArgument: return StatusCode::kInvalidArgument;
-    case psdMismatch: return StatusCode::kMismatch;
-    case psdBackendError: return StatusCode::kBackendError;
-    case psdTimeout: return StatusCode::kTimeout;
-    case psdAborted: return StatusCode::kAborted;
-    case psdUnavailable: return StatusCode::kUnavailable;
-    case psdUnimplemented: return StatusCode::kUnimplemented;
-    default: return StatusCode::kInternal;
+    case psdSuccess:
+      return StatusCode::kOk;
+    case psdInvalidArgument:
+      return StatusCode::kInvalidArgument;
+    case psdMismatch:
+      return StatusCode::kMismatch;
+    case psdBackendError:
+      return StatusCode::kBackendError;
+    case psdTimeout:
+      return StatusCode::kTimeout;
+    case psdAborted:
+      return StatusCode::kAborted;
+    case psdUnavailable:
+      return StatusCode::kUnavailable;
+    case psdUnimplemented:
+      return StatusCode::kUnimplemented;
+    default:
+      return StatusCode::kInternal;
   }
 }
 
@@ -142,8 +160,9 @@ psdResult_t WithComm(const char* call, psdComm_t handle,
   CommState* raw = nullptr;
   try {
     if (handle == nullptr) {
-      return Fail(call, nullptr, InvalidArgument("comm is NULL; expected a communicator from "
-                                                 "psdCommInitWorld / psdCommInitFromMpi"));
+      return Fail(call, nullptr,
+                  InvalidArgument("comm is NULL; expected a communicator from "
+                                  "psdCommInitWorld / psdCommInitFromMpi"));
     }
     state = Registry::Get().FindComm(handle);
     if (state == nullptr) {

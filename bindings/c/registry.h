@@ -41,12 +41,12 @@ struct CommState {
   std::unique_ptr<HybridCollective> hybrid;  // layers; owned by the engine once it runs
   std::vector<LayerSpec> layers;             // what was registered (resolved)
   size_t planned_batch = 0;
-  std::string plan_text;                     // the last plan's table ("" before a plan)
-  std::vector<StrategyKind> strategies;      // the last plan's choice per layer
+  std::string plan_text;                 // the last plan's table ("" before a plan)
+  std::vector<StrategyKind> strategies;  // the last plan's choice per layer
   std::unique_ptr<EngineBridge> engine;
 
   std::mutex error_mu;
-  std::string last_error;                  // guarded by error_mu
+  std::string last_error;                    // guarded by error_mu
   std::atomic<int> async_error{psdSuccess};  // sticky: the first asynchronous failure
 
   void SetError(const std::string& message);

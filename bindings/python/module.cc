@@ -80,7 +80,8 @@ View ToView(py::handle obj, const char* what, bool writable) {
   if (obj.is_none()) BadArg(std::string(what) + " is None; expected an array or tensor");
   if (IsTorchTensor(obj)) {
     if (!obj.attr("is_contiguous")().cast<bool>()) {
-      BadArg(std::string(what) + ": tensor is not contiguous; expected a contiguous tensor "
+      BadArg(std::string(what) +
+             ": tensor is not contiguous; expected a contiguous tensor "
              "(call .contiguous() on a copy and copy the result back)");
     }
     if (py::hasattr(obj, "is_sparse") && obj.attr("is_sparse").cast<bool>()) {
@@ -114,7 +115,8 @@ View ToView(py::handle obj, const char* what, bool writable) {
       BadArg(std::string(what) + ": array is read-only; expected a writable array");
     }
     PyErr_Clear();
-    BadArg(std::string(what) + ": array is not C-contiguous; expected a contiguous array "
+    BadArg(std::string(what) +
+           ": array is not C-contiguous; expected a contiguous array "
            "(numpy.ascontiguousarray)");
   }
   // The memory stays valid while `obj` lives: callers keep a reference for async use.
@@ -145,11 +147,16 @@ psdStrategy_t ParseStrategy(const std::string& s) {
 
 const char* StrategyName(psdStrategy_t s) {
   switch (s) {
-    case psdStrategyAllReduce: return "allreduce";
-    case psdStrategyPs: return "ps";
-    case psdStrategySfb: return "sfb";
-    case psdStrategyTopk: return "topk";
-    default: return "auto";
+    case psdStrategyAllReduce:
+      return "allreduce";
+    case psdStrategyPs:
+      return "ps";
+    case psdStrategySfb:
+      return "sfb";
+    case psdStrategyTopk:
+      return "topk";
+    default:
+      return "auto";
   }
 }
 
@@ -302,19 +309,31 @@ class Comm {
         py::handle val = item.second;
         if (key == "kind") {
           std::string k = py::str(val);
-          if (k == "none") cfg.optimizer.kind = psdOptimizerNone;
-          else if (k == "sgd") cfg.optimizer.kind = psdOptimizerSgd;
-          else if (k == "adam") cfg.optimizer.kind = psdOptimizerAdam;
-          else BadArg("optimizer kind '" + k + "' is unknown; expected none, sgd or adam");
-        } else if (key == "lr") { cfg.optimizer.lr = val.cast<float>();
-        } else if (key == "momentum") { cfg.optimizer.momentum = val.cast<float>();
-        } else if (key == "nesterov") { cfg.optimizer.nesterov = val.cast<bool>() ? 1 : 0;
-        } else if (key == "beta1") { cfg.optimizer.beta1 = val.cast<float>();
-        } else if (key == "beta2") { cfg.optimizer.beta2 = val.cast<float>();
-        } else if (key == "eps") { cfg.optimizer.eps = val.cast<float>();
-        } else if (key == "weight_decay") { cfg.optimizer.weight_decay = val.cast<float>();
+          if (k == "none")
+            cfg.optimizer.kind = psdOptimizerNone;
+          else if (k == "sgd")
+            cfg.optimizer.kind = psdOptimizerSgd;
+          else if (k == "adam")
+            cfg.optimizer.kind = psdOptimizerAdam;
+          else
+            BadArg("optimizer kind '" + k + "' is unknown; expected none, sgd or adam");
+        } else if (key == "lr") {
+          cfg.optimizer.lr = val.cast<float>();
+        } else if (key == "momentum") {
+          cfg.optimizer.momentum = val.cast<float>();
+        } else if (key == "nesterov") {
+          cfg.optimizer.nesterov = val.cast<bool>() ? 1 : 0;
+        } else if (key == "beta1") {
+          cfg.optimizer.beta1 = val.cast<float>();
+        } else if (key == "beta2") {
+          cfg.optimizer.beta2 = val.cast<float>();
+        } else if (key == "eps") {
+          cfg.optimizer.eps = val.cast<float>();
+        } else if (key == "weight_decay") {
+          cfg.optimizer.weight_decay = val.cast<float>();
         } else {
-          BadArg("optimizer option '" + key + "' is unknown; expected kind, lr, momentum, "
+          BadArg("optimizer option '" + key +
+                 "' is unknown; expected kind, lr, momentum, "
                  "nesterov, beta1, beta2, eps or weight_decay");
         }
       }
@@ -349,7 +368,8 @@ class Comm {
       View view = ToView(obj, what, writable);
       if (view.dtype != psdFloat32) BadArg(std::string(what) + ": expected float32 elements");
       if (view.memory != psdMemHost) {
-        BadArg(std::string(what) + ": the engine exchanges host memory here; expected a CPU "
+        BadArg(std::string(what) +
+               ": the engine exchanges host memory here; expected a CPU "
                "array or tensor");
       }
       keep.push_back(py::reinterpret_borrow<py::object>(obj));
@@ -431,11 +451,15 @@ PYBIND11_MODULE(_poseidon, m) {
     m.attr(s.name) = py::handle(cls);
   }
 
-  m.def("init", [] { Check(psdInit()); }, "Initializes MPI (MPI_THREAD_MULTIPLE) unless it is.");
-  m.def("finalize", [] {
-    py::gil_scoped_release release;
-    Check(psdFinalize());
-  }, "Destroys every communicator; finalizes MPI if init() started it.");
+  m.def(
+      "init", [] { Check(psdInit()); }, "Initializes MPI (MPI_THREAD_MULTIPLE) unless it is.");
+  m.def(
+      "finalize",
+      [] {
+        py::gil_scoped_release release;
+        Check(psdFinalize());
+      },
+      "Destroys every communicator; finalizes MPI if init() started it.");
   m.def("version", [] {
     int v = 0;
     Check(psdGetVersion(&v));

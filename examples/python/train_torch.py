@@ -1,6 +1,7 @@
 """A Horovod-style PyTorch trainer over Poseidon: the only Poseidon line is the import.
 
-    mpirun -np 4 python3 examples/python/train_torch.py [--steps 200] [--strategy auto|allreduce|sfb|topk]
+    mpirun -np 4 python3 examples/python/train_torch.py [--steps 200]
+        [--strategy auto|allreduce|sfb|topk]
 
 Each rank trains on its own shard of a synthetic 10-class task; DistributedOptimizer exchanges
 each parameter's gradient as soon as autograd produces it (wait-free backprop) with the

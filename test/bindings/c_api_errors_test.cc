@@ -147,8 +147,7 @@ TEST_F(CApi, CollectiveArgumentsAreChecked) {
   float x[4] = {1, 2, 3, 4};
   EXPECT_EQ(psdAllReduce(comm_, x, x, 4, static_cast<psdDataType_t>(6), psdMemHost, nullptr),
             psdInvalidArgument);
-  EXPECT_NE(Last(comm_).find("psdAllReduce: dtype 6 is unknown"), std::string::npos)
-      << Last(comm_);
+  EXPECT_NE(Last(comm_).find("psdAllReduce: dtype 6 is unknown"), std::string::npos) << Last(comm_);
   EXPECT_EQ(psdAllReduce(comm_, x, nullptr, 4, psdFloat32, psdMemHost, nullptr),
             psdInvalidArgument);
   EXPECT_NE(Last(comm_).find("recv is NULL for 4 elements"), std::string::npos);
@@ -159,8 +158,7 @@ TEST_F(CApi, CollectiveArgumentsAreChecked) {
   EXPECT_EQ(psdAllReduce(comm_, x, x, 4, psdFloat32, psdMemDevice, nullptr), psdUnavailable);
   EXPECT_EQ(psdReduceScatter(comm_, x, x, SIZE_MAX, psdFloat32, psdMemHost, nullptr),
             psdInvalidArgument);
-  EXPECT_EQ(psdAllGather(comm_, x, nullptr, 1, psdInt64, psdMemHost, nullptr),
-            psdInvalidArgument);
+  EXPECT_EQ(psdAllGather(comm_, x, nullptr, 1, psdInt64, psdMemHost, nullptr), psdInvalidArgument);
   int size = 0;
   ASSERT_EQ(psdCommSize(comm_, &size), psdSuccess);
   EXPECT_EQ(psdBroadcast(comm_, x, 4, psdFloat32, size, psdMemHost, nullptr), psdInvalidArgument);
@@ -315,8 +313,8 @@ TEST_F(CApi, ConcurrentCallsOnOneCommAreSerialized) {
     threads.emplace_back([&, t] {
       std::vector<float> x(1000, static_cast<float>(t));
       for (int i = 0; i < 50; ++i) {
-        if (psdAllReduce(comm_, x.data(), x.data(), x.size(), psdFloat32, psdMemHost,
-                         nullptr) != psdSuccess ||
+        if (psdAllReduce(comm_, x.data(), x.data(), x.size(), psdFloat32, psdMemHost, nullptr) !=
+                psdSuccess ||
             x[999] != static_cast<float>(t)) {
           ++failures;
         }
