@@ -73,8 +73,11 @@ Result<Mlp> Mlp::Create(const std::vector<int>& widths, uint64_t seed) {
       w[i] = static_cast<float>(scale * rng.Normal());
     }
   }
-  m.acts_.resize(m.layers_.size() + 1);
-  m.grad_out_.resize(m.layers_.size());
+  m.form_weight_grad_.assign(m.layers_.size(), true);
+  for (int slot = 0; slot < 2; ++slot) {
+    m.acts_[slot].resize(m.layers_.size() + 1);
+    m.grad_out_[slot].resize(m.layers_.size());
+  }
   return m;
 }
 
@@ -94,11 +97,17 @@ Status Mlp::CheckBatch(const char* call, const float* x, const int32_t* y, size_
   return Status::Ok();
 }
 
-void Mlp::Forward(const float* x, int k, std::vector<std::vector<float>>* acts) const {
+void Mlp::set_form_weight_grad(int l, bool form) {
+  if (l >= 0 && l < num_layers()) form_weight_grad_[l] = form;
+}
+
+Status Mlp::Forward(const float* x, int k, std::vector<std::vector<float>>* acts,
+                    const StepHooks* hooks) const {
   const int num = num_layers();
   acts->resize(num + 1);
   (*acts)[0].assign(x, x + static_cast<size_t>(k) * inputs());
   for (int l = 0; l < num; ++l) {
+    if (hooks != nullptr && hooks->before_forward) PSD_CHECK(hooks->before_forward(l));
     const LayerInfo& info = layers_[l];
     const float* a = (*acts)[l].data();
     std::vector<float>& z = (*acts)[l + 1];
@@ -113,39 +122,50 @@ void Mlp::Forward(const float* x, int k, std::vector<std::vector<float>>* acts) 
       for (float& v : z) v = v > 0.0f ? v : 0.0f;
     }
   }
+  return Status::Ok();
 }
 
-Status Mlp::ForwardBackward(const float* x, const int32_t* y, int k, EvalResult* stats) {
+Status Mlp::ForwardBackward(const float* x, const int32_t* y, int k, EvalResult* stats,
+                            const StepHooks* hooks) {
   PSD_REQUIRE_ARG(k >= 1, "Mlp::ForwardBackward: batch of ", k, " rows; expected >= 1");
   PSD_CHECK(CheckBatch("Mlp::ForwardBackward", x, y, static_cast<size_t>(k)));
+  // The other slot: the previous step's factors may still be in an exchange (see StepHooks).
+  slot_ ^= 1;
+  std::vector<std::vector<float>>& acts = acts_[slot_];
+  std::vector<std::vector<float>>& grad_out = grad_out_[slot_];
   batch_rows_ = k;
-  Forward(x, k, &acts_);
+  PSD_CHECK(Forward(x, k, &acts, hooks));
   const int num = num_layers();
-  grad_out_[num - 1].resize(static_cast<size_t>(k) * classes());
-  SoftmaxCrossEntropy(acts_[num].data(), y, k, classes(), grad_out_[num - 1].data(), stats);
+  grad_out[num - 1].resize(static_cast<size_t>(k) * classes());
+  SoftmaxCrossEntropy(acts[num].data(), y, k, classes(), grad_out[num - 1].data(), stats);
 
   for (int l = num - 1; l >= 0; --l) {
     const LayerInfo& info = layers_[l];
-    const float* u = grad_out_[l].data();  // K x out
-    const float* v = acts_[l].data();      // K x in
-    // dW = U^T V: (out x K) (K x in).
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, info.out, info.in, k, 1.0f, u, info.out, v,
-                info.in, 0.0f, &grads_[info.w_offset], info.in);
+    const float* u = grad_out[l].data();  // K x out
+    const float* v = acts[l].data();      // K x in
+    if (form_weight_grad_[l]) {
+      // dW = U^T V: (out x K) (K x in).
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, info.out, info.in, k, 1.0f, u,
+                  info.out, v, info.in, 0.0f, &grads_[info.w_offset], info.in);
+    }
     float* db = &grads_[info.b_offset];
     std::fill(db, db + info.out, 0.0f);
     for (int i = 0; i < k; ++i) {
       const float* row = u + static_cast<size_t>(i) * info.out;
       for (int j = 0; j < info.out; ++j) db[j] += row[j];
     }
-    if (l == 0) break;  // no gradient needed for the data
-    // U_{l-1} = (U_l W_l) masked by where the ReLU was active (A_l > 0).
-    std::vector<float>& prev = grad_out_[l - 1];
-    prev.resize(static_cast<size_t>(k) * info.in);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, info.in, info.out, 1.0f, u, info.out,
-                &params_[info.w_offset], info.in, 0.0f, prev.data(), info.in);
-    for (size_t i = 0; i < prev.size(); ++i) {
-      if (!(v[i] > 0.0f)) prev[i] = 0.0f;
+    if (l > 0) {  // no gradient needed for the data
+      // U_{l-1} = (U_l W_l) masked by where the ReLU was active (A_l > 0).
+      std::vector<float>& prev = grad_out[l - 1];
+      prev.resize(static_cast<size_t>(k) * info.in);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, info.in, info.out, 1.0f, u,
+                  info.out, &params_[info.w_offset], info.in, 0.0f, prev.data(), info.in);
+      for (size_t i = 0; i < prev.size(); ++i) {
+        if (!(v[i] > 0.0f)) prev[i] = 0.0f;
+      }
     }
+    // Layer l is done: nothing below reads its parameters, gradient span or factors.
+    if (hooks != nullptr && hooks->after_backward) PSD_CHECK(hooks->after_backward(l));
   }
   return Status::Ok();
 }
@@ -157,7 +177,7 @@ Result<EvalResult> Mlp::Evaluate(const float* x, const int32_t* y, size_t n) con
   std::vector<std::vector<float>> acts;
   for (size_t start = 0; start < n; start += kChunk) {
     const int k = static_cast<int>(std::min(kChunk, n - start));
-    Forward(x + start * inputs(), k, &acts);
+    PSD_CHECK(Forward(x + start * inputs(), k, &acts, nullptr));
     SoftmaxCrossEntropy(acts.back().data(), y + start, k, classes(), nullptr, &r);
   }
   return r;

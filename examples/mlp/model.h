@@ -17,10 +17,17 @@
 // All parameters live in one flat buffer [W_0, b_0, W_1, b_1, ...] and all gradients in a
 // second buffer with the same layout, so the whole gradient can be allreduced as one fused
 // buffer, or layer by layer through the offsets in LayerInfo.
+//
+// Layer-by-layer exchange (wait-free backprop) goes through StepHooks: after_backward(l) hands
+// layer l to an exchange as soon as its backward step is done, and before_forward(l) waits for
+// that exchange before the next step reads layer l's parameters. The training scratch (the
+// factors) alternates between two slots by step, so the factors handed out at step t stay intact
+// while step t+1 runs; step t+2 reuses them only after every before_forward of step t+1.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +41,20 @@ struct LayerInfo {
   size_t w_offset = 0;  // W_l in params()/grads(): out x in floats
   size_t b_offset = 0;  // b_l: out floats, right after W_l
   size_t count() const { return static_cast<size_t>(in) * out + out; }  // W and b together
+};
+
+// Per-layer callbacks of one training step (either may be empty). A failing hook stops the step
+// and its status is returned by ForwardBackward.
+//  before_forward(l): called for l = 0, 1, ... before the forward pass reads layer l's
+//                     parameters. An exchange that updates them must be complete on return.
+//  after_backward(l): called for l = L-1, ..., 0 once layer l's gradient span (W_l and b_l) and
+//                     its factors U_l, V_l are final and the backward pass no longer reads
+//                     layer l's parameters. Until before_forward(l) of the next step, the model
+//                     neither reads nor writes layer l's parameters or gradient span, nor the
+//                     factors handed out, so an exchange may use them in the meantime.
+struct StepHooks {
+  std::function<Status(int layer)> before_forward;
+  std::function<Status(int layer)> after_backward;
 };
 
 // Loss and accuracy of a batch or a data set.
@@ -71,13 +92,21 @@ class Mlp {
 
   // Forward and backward on k rows of x (k x inputs()) with labels y (each in [0, classes())).
   // Overwrites grads() with the gradient of the mean loss; adds this batch's loss and accuracy
-  // to *stats when it is not null.
-  Status ForwardBackward(const float* x, const int32_t* y, int k, EvalResult* stats);
+  // to *stats when it is not null. With hooks, calls them as StepHooks describes.
+  Status ForwardBackward(const float* x, const int32_t* y, int k, EvalResult* stats,
+                         const StepHooks* hooks = nullptr);
+
+  // Whether ForwardBackward forms layer l's dense weight gradient dW_l = U^T V (default true).
+  // An exchange that sends the factors instead (sufficient-factor broadcasting) rebuilds dW from
+  // every rank's factors, so the local GEMM would be wasted; the W_l span of grads() is then
+  // left as it was. Biases are always formed. Out-of-range l is ignored.
+  void set_form_weight_grad(int l, bool form);
+  bool form_weight_grad(int l) const { return form_weight_grad_[l]; }
 
   // Sufficient factors of layer l from the last ForwardBackward (batch rows = batch_rows()):
   // U (K x out) and V (K x in), row-major, with dW_l = U^T V exactly as computed.
-  const float* factor_u(int l) const { return grad_out_[l].data(); }
-  const float* factor_v(int l) const { return acts_[l].data(); }
+  const float* factor_u(int l) const { return grad_out_[slot_][l].data(); }
+  const float* factor_v(int l) const { return acts_[slot_][l].data(); }
   int batch_rows() const { return batch_rows_; }
 
   // Loss and accuracy over n rows, in chunks; leaves the training factors untouched.
@@ -85,18 +114,22 @@ class Mlp {
 
  private:
   Mlp() = default;
-  // Runs the forward pass on k rows into acts (acts[l] is layer l's input; acts[L] the logits).
-  void Forward(const float* x, int k, std::vector<std::vector<float>>* acts) const;
+  // Runs the forward pass on k rows into acts (acts[l] is layer l's input; acts[L] the logits),
+  // calling hooks->before_forward(l) before layer l's parameters are read.
+  Status Forward(const float* x, int k, std::vector<std::vector<float>>* acts,
+                 const StepHooks* hooks) const;
   Status CheckBatch(const char* call, const float* x, const int32_t* y, size_t k) const;
 
   std::vector<int> widths_;
   std::vector<LayerInfo> layers_;
   std::vector<float> params_;
   std::vector<float> grads_;
-  // Scratch of the last training batch.
+  std::vector<bool> form_weight_grad_;  // per layer
+  // Scratch of the training batches, two slots used by alternate steps (see StepHooks).
   int batch_rows_ = 0;
-  std::vector<std::vector<float>> acts_;      // L + 1 entries: inputs of each layer, then logits
-  std::vector<std::vector<float>> grad_out_;  // L entries: U_l = dLoss / dZ_l
+  int slot_ = 0;                                 // the slot of the last ForwardBackward
+  std::vector<std::vector<float>> acts_[2];      // L + 1 entries: each layer's input, then logits
+  std::vector<std::vector<float>> grad_out_[2];  // L entries: U_l = dLoss / dZ_l
   std::vector<float> grad_in_;                // U_l W_l before the ReLU mask
 };
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "collectives/layer.h"
+
 namespace poseidon::mlp {
 namespace {
 
@@ -65,14 +67,30 @@ Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args)
       o.help = true;
       continue;
     }
-    if (flag == "--check-loss-falls") {
-      PSD_REQUIRE_ARG(!has_value, "--check-loss-falls: takes no value (got '", value, "')");
-      o.check_loss_falls = true;
-      continue;
+    struct Switch {
+      const char* name;
+      bool* target;
+      bool value;
+    };
+    const Switch switches[] = {{"--check-loss-falls", &o.check_loss_falls, true},
+                               {"--print-plan", &o.print_plan, true},
+                               {"--no-print-plan", &o.print_plan, false},
+                               {"--no-engine", &o.no_engine, true},
+                               {"--dense-baseline", &o.dense_baseline, true},
+                               {"--compare-to-dense", &o.compare_to_dense, true}};
+    bool is_switch = false;
+    for (const Switch& sw : switches) {
+      if (flag != sw.name) continue;
+      PSD_REQUIRE_ARG(!has_value, flag, ": takes no value (got '", value, "')");
+      *sw.target = sw.value;
+      is_switch = true;
     }
+    if (is_switch) continue;
     static const char* const kValued[] = {
-        "--iters",     "--batch",   "--lr",           "--momentum",     "--hidden",      "--seed",
-        "--log-every", "--samples", "--test-samples", "--min-accuracy", "--corrupt-rank"};
+        "--iters",        "--batch",        "--lr",         "--momentum",   "--hidden",
+        "--seed",         "--log-every",    "--samples",    "--test-samples",
+        "--min-accuracy", "--corrupt-rank", "--strategy",   "--density",    "--warmup-steps",
+        "--compare-tolerance"};
     bool known = false;
     for (const char* k : kValued) known = known || flag == k;
     PSD_REQUIRE_ARG(known, "poseidon_mlp: unknown argument '", args[i], "'; see --help");
@@ -105,8 +123,31 @@ Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args)
     } else if (flag == "--corrupt-rank") {
       PSD_ASSIGN_OR_RETURN(int64_t r, ParseInt(flag, value, 0, 1 << 30));
       o.corrupt_rank = static_cast<int>(r);
+    } else if (flag == "--strategy") {
+      PSD_REQUIRE_ARG(value == "auto" || ParseStrategy(value).ok(), "--strategy: got '", value,
+                      "'; expected auto, allreduce, ps, sfb or topk");
+      o.strategy = value;
+    } else if (flag == "--density") {
+      PSD_ASSIGN_OR_RETURN(double d, ParseDouble(flag, value, 0.0, 1.0, true));
+      PSD_REQUIRE_ARG(d > 0, "--density: got '", value, "'; expected a fraction in (0, 1]");
+      o.density = d;
+    } else if (flag == "--warmup-steps") {
+      PSD_ASSIGN_OR_RETURN(int64_t w, ParseInt(flag, value, 0, int64_t{1} << 40));
+      o.warmup_steps = w;
+    } else if (flag == "--compare-tolerance") {
+      PSD_ASSIGN_OR_RETURN(o.compare_tolerance, ParseDouble(flag, value, 0.0, 1.0, true));
     }
   }
+  // Combinations that would silently do nothing are errors too.
+  const bool topk = o.strategy == "topk";
+  PSD_REQUIRE_ARG(topk || !o.density.has_value(), "--density: given with --strategy ",
+                  o.strategy, "; expected --strategy topk (density applies to topk only)");
+  PSD_REQUIRE_ARG(topk || !o.warmup_steps.has_value(), "--warmup-steps: given with --strategy ",
+                  o.strategy, "; expected --strategy topk (warm-up applies to topk only)");
+  PSD_REQUIRE_ARG(!o.dense_baseline || (o.strategy == "auto" && !o.no_engine &&
+                                        !o.compare_to_dense),
+                  "--dense-baseline: runs the single fused allreduce alone; expected no "
+                  "--strategy, --no-engine or --compare-to-dense with it");
   return o;
 }
 
@@ -120,8 +161,11 @@ std::string TrainerHelp() {
   // clang-format off
   return StrCat(
       "poseidon_mlp: data-parallel training of a multi-layer perceptron with Poseidon.\n"
-      "Run under mpirun: every rank trains on its shard of the data, the gradients are averaged\n"
-      "with Poseidon's dense allreduce, and every rank applies the same SGD step.\n"
+      "Run under mpirun: every rank trains on its shard of the data; each parameter tensor is a\n"
+      "layer of Poseidon's hybrid collective (weights fully connected with their sufficient\n"
+      "factors, biases dense), planned per layer (allreduce, ps, sfb, topk), with SGD momentum\n"
+      "applied by Poseidon. The engine exchanges each layer as soon as its backward step is done\n"
+      "and the trainer waits for it only before that layer's next forward (wait-free backprop).\n"
       "\n"
       "Data: a synthetic, seeded classification task, identical on every rank: 10 classes,\n"
       "each a mixture of 3 Gaussian clusters in a 16-d latent space, passed through a fixed\n"
@@ -151,6 +195,24 @@ std::string TrainerHelp() {
       d.min_accuracy, ")\n"
       "  --corrupt-rank R     testing aid: rank R changes one weight before the final\n"
       "                       identity check, which must then fail and name rank R\n"
+      "  --strategy S         auto (the planner picks per layer), or force allreduce, ps, sfb\n"
+      "                       or topk on every layer where it applies (default auto; with\n"
+      "                       topk the weights are registered as sparse-tolerant)\n"
+      "  --density D          topk: fraction of each weight sent per step, in (0, 1]\n"
+      "                       (default POSEIDON_TOPK_DENSITY)\n"
+      "  --warmup-steps N     topk: dense steps before compression starts\n"
+      "                       (default POSEIDON_TOPK_WARMUP_STEPS)\n"
+      "  --print-plan         rank 0 prints the per-layer plan at start (default on)\n"
+      "  --no-print-plan      do not print it\n"
+      "  --no-engine          exchange synchronously through HybridCollective::Exchange\n"
+      "                       after the backward pass instead of through the engine\n"
+      "  --dense-baseline     the plain path: one fused dense allreduce per step and the\n"
+      "                       trainer's own SGD (the reference the strategies must match)\n"
+      "  --compare-to-dense   first train the dense baseline from the same seed, then the\n"
+      "                       chosen exchange; exit 1 unless their held-out accuracies\n"
+      "                       differ by at most --compare-tolerance\n"
+      "  --compare-tolerance X  accuracy gap allowed, in [0, 1] (default ", d.compare_tolerance,
+      ")\n"
       "  --help               this text\n");
   // clang-format on
 }

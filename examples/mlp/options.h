@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,17 @@ struct TrainerOptions {
   bool check_loss_falls = false;
   double min_accuracy = 0.0;  // with --check-loss-falls: required test accuracy (0..1)
   int corrupt_rank = -1;      // testing aid: this rank perturbs one weight before the check
+
+  // The exchange. Default: every tensor through Poseidon's hybrid collective, driven by the
+  // engine as the backward pass produces each layer (wait-free backprop).
+  std::string strategy = "auto";  // auto, allreduce, ps, sfb or topk (forced where it applies)
+  std::optional<double> density;  // topk: fraction sent per step (unset: POSEIDON_TOPK_DENSITY)
+  std::optional<int64_t> warmup_steps;  // topk: dense steps first (unset: the setting)
+  bool print_plan = true;               // rank 0 prints the plan at start
+  bool no_engine = false;               // HybridCollective::Exchange after the backward pass
+  bool dense_baseline = false;          // the old path: one fused allreduce, trainer's SGD
+  bool compare_to_dense = false;  // also run the dense baseline first and compare accuracies
+  double compare_tolerance = 0.005;  // --compare-to-dense: allowed accuracy gap (0.005 = 0.5 pt)
   bool help = false;
 };
 
