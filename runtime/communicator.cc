@@ -71,7 +71,7 @@ Result<std::shared_ptr<Communicator>> Communicator::Create(MPI_Comm comm) {
     hosts.insert(std::string(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]));
   }
   c->num_nodes_ = static_cast<int>(hosts.size());
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 14695981039346656037ull;
   for (const auto& s : hosts) {
     for (char ch : s) {
       h ^= static_cast<unsigned char>(ch);
