@@ -438,12 +438,14 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
     const uint64_t stage = stage_ + k;
     unsigned char* slot = Slot(rank_, stage);
     for (int q = 0; q < size_; ++q) {
-      if (q == rank_) continue;
+      size_t len = piece_len(q, k);
+      if (q == rank_ || len == 0) continue;
       std::memcpy(slot + static_cast<size_t>(q) * piece * es,
-                  in + (off[static_cast<size_t>(q)] + k * piece) * es, piece_len(q, k) * es);
+                  in + (off[static_cast<size_t>(q)] + k * piece) * es, len * es);
     }
     PSD_CHECK(Sync(call));
     size_t mine = piece_len(rank_, k);
+    if (mine == 0) continue;  // my slice is shorter than the longest: nothing left to sum
     for (int r = 0; r < size_; ++r) {
       srcs[static_cast<size_t>(r)] =
           r == rank_ ? in + (off[static_cast<size_t>(rank_)] + k * piece) * es
