@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "examples/mlp/data.h"
@@ -241,6 +243,84 @@ TEST(Mlp, LearnsASmallBatchByHeart) {
   EXPECT_EQ(last.correct, 16);
 }
 
+// The hooks run in the documented order: before_forward 0..L-1, then after_backward L-1..0, and
+// the gradients and factors are final when after_backward(l) runs.
+TEST(Mlp, StepHooksRunInLayerOrderWithFinalGradients) {
+  auto m = Mlp::Create({6, 5, 4, 3}, 4);
+  auto ref = Mlp::Create({6, 5, 4, 3}, 4);
+  ASSERT_TRUE(m.ok() && ref.ok());
+  Batch b = MakeBatch(7, 6, 3, 5);
+  ASSERT_TRUE(ref->ForwardBackward(b.x.data(), b.y.data(), 7, nullptr).ok());
+  std::vector<std::string> calls;
+  StepHooks hooks;
+  hooks.before_forward = [&](int l) {
+    calls.push_back("f" + std::to_string(l));
+    return Status::Ok();
+  };
+  hooks.after_backward = [&](int l) {
+    calls.push_back("b" + std::to_string(l));
+    const LayerInfo& info = m->layer(l);
+    // This layer's span is already the full gradient (equal to an unhooked run's).
+    EXPECT_EQ(0, std::memcmp(m->grads() + info.w_offset, ref->grads() + info.w_offset,
+                             info.count() * sizeof(float)))
+        << "layer " << l;
+    EXPECT_EQ(0, std::memcmp(m->factor_u(l), ref->factor_u(l),
+                             sizeof(float) * 7 * static_cast<size_t>(info.out)));
+    return Status::Ok();
+  };
+  ASSERT_TRUE(m->ForwardBackward(b.x.data(), b.y.data(), 7, nullptr, &hooks).ok());
+  EXPECT_EQ(calls, (std::vector<std::string>{"f0", "f1", "f2", "b2", "b1", "b0"}));
+  EXPECT_EQ(0, std::memcmp(m->grads(), ref->grads(), m->num_params() * sizeof(float)));
+
+  // A failing hook stops the step and its status comes back.
+  hooks.before_forward = [](int l) {
+    return l == 1 ? InvalidArgument("hook says no at ", l) : Status::Ok();
+  };
+  Status s = m->ForwardBackward(b.x.data(), b.y.data(), 7, nullptr, &hooks);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s, "hook says no at 1")) << s.ToString();
+}
+
+// The factors handed out at step t survive step t+1 (two scratch slots), so an exchange still in
+// flight from step t reads what it was given.
+TEST(Mlp, FactorsOfAStepSurviveTheNextStep) {
+  auto m = Mlp::Create({6, 5, 3}, 8);
+  ASSERT_TRUE(m.ok());
+  Batch b1 = MakeBatch(4, 6, 3, 1), b2 = MakeBatch(4, 6, 3, 2);
+  ASSERT_TRUE(m->ForwardBackward(b1.x.data(), b1.y.data(), 4, nullptr).ok());
+  const float* u1 = m->factor_u(1);
+  const float* v0 = m->factor_v(0);
+  std::vector<float> u1_copy(u1, u1 + 4 * 3), v0_copy(v0, v0 + 4 * 6);
+  ASSERT_TRUE(m->ForwardBackward(b2.x.data(), b2.y.data(), 4, nullptr).ok());
+  EXPECT_NE(m->factor_u(1), u1);
+  EXPECT_EQ(0, std::memcmp(u1, u1_copy.data(), u1_copy.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(v0, v0_copy.data(), v0_copy.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(m->factor_v(0), b2.x.data(), b2.x.size() * sizeof(float)));
+}
+
+// With the weight gradient switched off (sfb rebuilds it), the W span is left alone, the bias
+// and every other layer are still formed exactly as before.
+TEST(Mlp, SkippedWeightGradientLeavesItsSpanUntouched) {
+  auto m = Mlp::Create({6, 5, 3}, 12);
+  auto ref = Mlp::Create({6, 5, 3}, 12);
+  ASSERT_TRUE(m.ok() && ref.ok());
+  m->set_form_weight_grad(0, false);
+  m->set_form_weight_grad(7, false);  // out of range: ignored
+  EXPECT_FALSE(m->form_weight_grad(0));
+  EXPECT_TRUE(m->form_weight_grad(1));
+  const LayerInfo& l0 = m->layer(0);
+  std::fill(m->grads(), m->grads() + m->num_params(), 42.0f);
+  Batch b = MakeBatch(5, 6, 3, 3);
+  ASSERT_TRUE(m->ForwardBackward(b.x.data(), b.y.data(), 5, nullptr).ok());
+  ASSERT_TRUE(ref->ForwardBackward(b.x.data(), b.y.data(), 5, nullptr).ok());
+  for (size_t i = 0; i < static_cast<size_t>(l0.in) * l0.out; ++i) {
+    ASSERT_EQ(m->grads()[l0.w_offset + i], 42.0f) << i;
+  }
+  const size_t rest = m->num_params() - l0.b_offset;
+  EXPECT_EQ(0, std::memcmp(m->grads() + l0.b_offset, ref->grads() + l0.b_offset,
+                           rest * sizeof(float)));
+}
+
 TEST(Mlp, RejectsBadShapesAndLabels) {
   auto r = Mlp::Create({5}, 1);
   ASSERT_FALSE(r.ok());
@@ -333,6 +413,31 @@ TEST(TrainerOptions, DefaultsAndValues) {
   ASSERT_TRUE(help.ok());
   EXPECT_TRUE(help->help);
   EXPECT_NE(TrainerHelp().find("--check-loss-falls"), std::string::npos);
+
+  // The exchange: engine and auto plan by default; the switches and topk's knobs.
+  EXPECT_EQ(d->strategy, "auto");
+  EXPECT_TRUE(d->print_plan);
+  EXPECT_FALSE(d->no_engine || d->dense_baseline || d->compare_to_dense);
+  EXPECT_FALSE(d->density.has_value() || d->warmup_steps.has_value());
+  EXPECT_EQ(d->compare_tolerance, 0.005);
+  auto x = ParseTrainerOptions({"--strategy", "topk", "--density=0.01", "--warmup-steps", "50",
+                                "--no-print-plan", "--no-engine", "--compare-to-dense",
+                                "--compare-tolerance", "0.01"});
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  EXPECT_EQ(x->strategy, "topk");
+  EXPECT_EQ(x->density, 0.01);
+  EXPECT_EQ(x->warmup_steps, 50);
+  EXPECT_FALSE(x->print_plan);
+  EXPECT_TRUE(x->no_engine && x->compare_to_dense);
+  EXPECT_EQ(x->compare_tolerance, 0.01);
+  for (const char* s : {"auto", "allreduce", "ps", "sfb", "topk"}) {
+    auto r = ParseTrainerOptions({"--strategy", s});
+    ASSERT_TRUE(r.ok()) << s;
+    EXPECT_EQ(r->strategy, s);
+  }
+  auto base = ParseTrainerOptions({"--dense-baseline"});
+  ASSERT_TRUE(base.ok());
+  EXPECT_TRUE(base->dense_baseline);
 }
 
 TEST(TrainerOptions, ErrorsNameTheFlagAndValue) {
@@ -353,6 +458,16 @@ TEST(TrainerOptions, ErrorsNameTheFlagAndValue) {
       {{"--samples"}, "--samples: missing value"},
       {{"--bogus"}, "unknown argument '--bogus'"},
       {{"--check-loss-falls=1"}, "takes no value"},
+      {{"--no-engine=yes"}, "--no-engine: takes no value"},
+      {{"--strategy", "fastest"}, "--strategy: got 'fastest'; expected auto, allreduce"},
+      {{"--strategy", "topk", "--density", "0"}, "--density: got '0'"},
+      {{"--strategy", "topk", "--density", "1.5"}, "--density: got '1.5'"},
+      {{"--strategy", "topk", "--warmup-steps", "-1"}, "--warmup-steps: got '-1'"},
+      {{"--density", "0.01"}, "--density: given with --strategy auto"},
+      {{"--strategy", "sfb", "--warmup-steps", "5"}, "--warmup-steps: given with --strategy sfb"},
+      {{"--dense-baseline", "--no-engine"}, "--dense-baseline: runs the single fused"},
+      {{"--dense-baseline", "--strategy", "ps"}, "--dense-baseline: runs the single fused"},
+      {{"--compare-tolerance", "2"}, "--compare-tolerance: got '2'"},
   };
   for (const Case& c : cases) {
     auto r = ParseTrainerOptions(c.args);
