@@ -254,13 +254,13 @@ Result<RunResult> TrainOnce(const TrainerOptions& opt, Mode mode,
     res.dense_bytes_per_iter = total.dense_bytes / static_cast<double>(opt.iters);
     for (int id = 0; id < hc.num_layers(); ++id) {
       const Traffic& t = hc.LayerTraffic(id);
-      per_layer += StrCat("          ", hc.layer(id).name, " (", StrategyName(hc.strategy(id)),
-                          "): ");
+      per_layer +=
+          StrCat("          ", hc.layer(id).name, " (", StrategyName(hc.strategy(id)), "): ");
       char buf[128];
-      std::snprintf(buf, sizeof(buf), "%.2f KiB/iter vs %.2f KiB dense%s\n",
-                    KiB(t.bytes_sent / opt.iters), KiB(t.dense_bytes / opt.iters),
-                    t.dense_fallbacks ? StrCat(" (", t.dense_fallbacks, " dense fall-backs)").c_str()
-                                      : "");
+      std::snprintf(
+          buf, sizeof(buf), "%.2f KiB/iter vs %.2f KiB dense%s\n", KiB(t.bytes_sent / opt.iters),
+          KiB(t.dense_bytes / opt.iters),
+          t.dense_fallbacks ? StrCat(" (", t.dense_fallbacks, " dense fall-backs)").c_str() : "");
       per_layer += buf;
     }
   } else {
@@ -322,9 +322,9 @@ Status Train(const TrainerOptions& opt, const std::shared_ptr<Communicator>& com
   if (root) {
     PSD_ASSIGN_OR_RETURN(Mlp probe, Mlp::Create(widths, opt.seed));
     std::printf("poseidon_mlp: %d rank%s on %d node%s, Poseidon %s (%s), backend %s, BLAS %s\n",
-                world, world == 1 ? "" : "s", comm->num_nodes(),
-                comm->num_nodes() == 1 ? "" : "s", POSEIDON_VERSION_STRING, POSEIDON_BUILD_TYPE,
-                comm->host_backend().name().c_str(), POSEIDON_BLAS_NAME);
+                world, world == 1 ? "" : "s", comm->num_nodes(), comm->num_nodes() == 1 ? "" : "s",
+                POSEIDON_VERSION_STRING, POSEIDON_BUILD_TYPE, comm->host_backend().name().c_str(),
+                POSEIDON_BLAS_NAME);
     std::printf("model   : %s, ReLU, softmax cross-entropy, He init from seed %llu\n",
                 probe.Describe().c_str(), static_cast<unsigned long long>(opt.seed));
     std::printf("data    : %s\n", task.Describe().c_str());
@@ -342,9 +342,7 @@ Status Train(const TrainerOptions& opt, const std::shared_ptr<Communicator>& com
     PSD_ASSIGN_OR_RETURN(dense, TrainOnce(opt, Mode::kDense, comm, ctl, train, test, widths,
                                           /*verbose=*/false, "dense   "));
   }
-  const Mode mode = opt.dense_baseline ? Mode::kDense
-                    : opt.no_engine    ? Mode::kSync
-                                       : Mode::kEngine;
+  const Mode mode = opt.dense_baseline ? Mode::kDense : opt.no_engine ? Mode::kSync : Mode::kEngine;
   PSD_ASSIGN_OR_RETURN(RunResult run, TrainOnce(opt, mode, comm, ctl, train, test, widths,
                                                 /*verbose=*/true, "summary "));
   const double init_loss = Mean(run.initial), final_loss = Mean(run.final_eval);

@@ -16,8 +16,8 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Result<std::unique_ptr<LayerExchange>> LayerExchange::Create(std::shared_ptr<Communicator> comm,
-                                                              Mlp* model, int batch,
-                                                              const ExchangeConfig& config) {
+                                                             Mlp* model, int batch,
+                                                             const ExchangeConfig& config) {
   PSD_REQUIRE_ARG(comm != nullptr && model != nullptr,
                   "LayerExchange::Create: comm or model is null");
   PSD_REQUIRE_ARG(batch >= 1, "LayerExchange::Create: batch ", batch, "; expected K >= 1");
@@ -28,8 +28,8 @@ Result<std::unique_ptr<LayerExchange>> LayerExchange::Create(std::shared_ptr<Com
   }
   const bool topk = force == StrategyKind::kTopk;
   PSD_REQUIRE_ARG(topk || (!config.density && !config.warmup_steps),
-                  "LayerExchange::Create: density / warm-up given with strategy '",
-                  config.strategy, "'; expected them with topk only");
+                  "LayerExchange::Create: density / warm-up given with strategy '", config.strategy,
+                  "'; expected them with topk only");
 
   std::unique_ptr<LayerExchange> x(new LayerExchange());
   x->comm_ = comm;
@@ -135,8 +135,8 @@ Status LayerExchange::WaitLayer(int l) {
     if (*h == nullptr) continue;
     Status s = (*h)->Wait();
     if (!s.ok() && st.ok()) {
-      st = s.WithPrefix(StrCat("step ", (*h)->step(), ": layer ", hc_->layer((*h)->layer()).name,
-                               ": "));
+      st = s.WithPrefix(
+          StrCat("step ", (*h)->step(), ": layer ", hc_->layer((*h)->layer()).name, ": "));
     }
     h->reset();
   }

@@ -34,8 +34,8 @@
 namespace poseidon::mlp {
 
 struct ExchangeConfig {
-  std::string strategy = "auto";  // auto, or a strategy forced where it applies
-  std::optional<double> density;  // topk (unset: the POSEIDON_TOPK_DENSITY setting)
+  std::string strategy = "auto";        // auto, or a strategy forced where it applies
+  std::optional<double> density;        // topk (unset: the POSEIDON_TOPK_DENSITY setting)
   std::optional<int64_t> warmup_steps;  // topk (unset: the setting)
   double lr = 0.05;
   double momentum = 0.9;

@@ -2,8 +2,8 @@
 // sufficient factors, SGD with momentum and the flag parser. Single process, no MPI launch.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -317,8 +317,8 @@ TEST(Mlp, SkippedWeightGradientLeavesItsSpanUntouched) {
     ASSERT_EQ(m->grads()[l0.w_offset + i], 42.0f) << i;
   }
   const size_t rest = m->num_params() - l0.b_offset;
-  EXPECT_EQ(0, std::memcmp(m->grads() + l0.b_offset, ref->grads() + l0.b_offset,
-                           rest * sizeof(float)));
+  EXPECT_EQ(
+      0, std::memcmp(m->grads() + l0.b_offset, ref->grads() + l0.b_offset, rest * sizeof(float)));
 }
 
 TEST(Mlp, RejectsBadShapesAndLabels) {

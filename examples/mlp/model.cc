@@ -145,8 +145,8 @@ Status Mlp::ForwardBackward(const float* x, const int32_t* y, int k, EvalResult*
     const float* v = acts[l].data();      // K x in
     if (form_weight_grad_[l]) {
       // dW = U^T V: (out x K) (K x in).
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, info.out, info.in, k, 1.0f, u,
-                  info.out, v, info.in, 0.0f, &grads_[info.w_offset], info.in);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, info.out, info.in, k, 1.0f, u, info.out,
+                  v, info.in, 0.0f, &grads_[info.w_offset], info.in);
     }
     float* db = &grads_[info.b_offset];
     std::fill(db, db + info.out, 0.0f);

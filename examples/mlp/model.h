@@ -130,7 +130,7 @@ class Mlp {
   int slot_ = 0;                                 // the slot of the last ForwardBackward
   std::vector<std::vector<float>> acts_[2];      // L + 1 entries: each layer's input, then logits
   std::vector<std::vector<float>> grad_out_[2];  // L entries: U_l = dLoss / dZ_l
-  std::vector<float> grad_in_;                // U_l W_l before the ReLU mask
+  std::vector<float> grad_in_;                   // U_l W_l before the ReLU mask
 };
 
 // SGD with momentum (the form PyTorch uses): v = momentum * v + g;  w -= lr * v.

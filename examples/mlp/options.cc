@@ -87,10 +87,9 @@ Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args)
     }
     if (is_switch) continue;
     static const char* const kValued[] = {
-        "--iters",        "--batch",        "--lr",         "--momentum",   "--hidden",
-        "--seed",         "--log-every",    "--samples",    "--test-samples",
-        "--min-accuracy", "--corrupt-rank", "--strategy",   "--density",    "--warmup-steps",
-        "--compare-tolerance"};
+        "--iters",        "--batch",     "--lr",      "--momentum",     "--hidden",
+        "--seed",         "--log-every", "--samples", "--test-samples", "--min-accuracy",
+        "--corrupt-rank", "--strategy",  "--density", "--warmup-steps", "--compare-tolerance"};
     bool known = false;
     for (const char* k : kValued) known = known || flag == k;
     PSD_REQUIRE_ARG(known, "poseidon_mlp: unknown argument '", args[i], "'; see --help");
@@ -140,14 +139,14 @@ Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args)
   }
   // Combinations that would silently do nothing are errors too.
   const bool topk = o.strategy == "topk";
-  PSD_REQUIRE_ARG(topk || !o.density.has_value(), "--density: given with --strategy ",
-                  o.strategy, "; expected --strategy topk (density applies to topk only)");
+  PSD_REQUIRE_ARG(topk || !o.density.has_value(), "--density: given with --strategy ", o.strategy,
+                  "; expected --strategy topk (density applies to topk only)");
   PSD_REQUIRE_ARG(topk || !o.warmup_steps.has_value(), "--warmup-steps: given with --strategy ",
                   o.strategy, "; expected --strategy topk (warm-up applies to topk only)");
-  PSD_REQUIRE_ARG(!o.dense_baseline || (o.strategy == "auto" && !o.no_engine &&
-                                        !o.compare_to_dense),
-                  "--dense-baseline: runs the single fused allreduce alone; expected no "
-                  "--strategy, --no-engine or --compare-to-dense with it");
+  PSD_REQUIRE_ARG(
+      !o.dense_baseline || (o.strategy == "auto" && !o.no_engine && !o.compare_to_dense),
+      "--dense-baseline: runs the single fused allreduce alone; expected no "
+      "--strategy, --no-engine or --compare-to-dense with it");
   return o;
 }
 

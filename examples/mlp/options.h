@@ -32,8 +32,8 @@ struct TrainerOptions {
   bool print_plan = true;               // rank 0 prints the plan at start
   bool no_engine = false;               // HybridCollective::Exchange after the backward pass
   bool dense_baseline = false;          // the old path: one fused allreduce, trainer's SGD
-  bool compare_to_dense = false;  // also run the dense baseline first and compare accuracies
-  double compare_tolerance = 0.005;  // --compare-to-dense: allowed accuracy gap (0.005 = 0.5 pt)
+  bool compare_to_dense = false;        // also run the dense baseline first and compare accuracies
+  double compare_tolerance = 0.005;     // --compare-to-dense: allowed accuracy gap (0.005 = 0.5 pt)
   bool help = false;
 };
 
