@@ -17,6 +17,10 @@
 //  - Optimizer steps on a shard, fused with the aggregation: the gradient is the sum of
 //    num_grads vectors laid out at grads + g * grad_stride, scaled by grad_scale (1/P to
 //    average), all in the same pass as the update.
+//  - Memory: Allocate gives zero-filled memory of the implementation's kind (host for the CPU
+//    kernels, cudaMalloc for CUDA), so a strategy keeps its scratch and state wherever its
+//    buffers live; Scale (x *= s, one float32 multiply, bitwise the same on both sides), Fill
+//    and Copy work on it; Synchronize waits for the stream before the host reads the result.
 #pragma once
 
 #include <cstddef>
@@ -54,6 +58,21 @@ struct ConstByteRange {
   size_t bytes;
 };
 
+// Memory owned through a Kernels implementation (Kernels::Allocate): host memory for the CPU
+// kernels, device memory (cudaMalloc) for the CUDA kernels. Freed by the destructor (for device
+// memory cudaFree, which waits for the device to finish using it).
+class KernelBuffer {
+ public:
+  virtual ~KernelBuffer() = default;
+  virtual void* data() const = 0;  // null when bytes() == 0
+  virtual size_t bytes() const = 0;
+  virtual MemoryKind memory() const = 0;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data());
+  }
+};
+
 // Scratch a kernel keeps between calls (sized on first use, reused across steps). Each
 // implementation defines its own; callers own it through this handle.
 class KernelWorkspace {
@@ -81,8 +100,8 @@ class Kernels {
                                    float* out_val, KernelWorkspace* ws, void* stream) const = 0;
 
   // Every index is checked before dense is touched; duplicates accumulate in position order.
-  virtual Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense,
-                            size_t n, void* stream) const = 0;
+  virtual Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
+                            void* stream) const = 0;
 
   virtual Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m,
                                       size_t n, float alpha, float beta, float* g,
@@ -92,8 +111,7 @@ class Kernels {
   virtual Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
                       void* stream) const = 0;
 
-  virtual Status Pack(const std::vector<ConstByteRange>& parts, void* dst,
-                      void* stream) const = 0;
+  virtual Status Pack(const std::vector<ConstByteRange>& parts, void* dst, void* stream) const = 0;
   virtual Status Unpack(const void* src, const std::vector<ByteRange>& parts,
                         void* stream) const = 0;
 
@@ -111,6 +129,31 @@ class Kernels {
   // src itself (piece 0); num == 0 writes zeros.
   virtual Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n,
                          void* stream) const = 0;
+
+  // ---- Memory (the buffers strategies keep their scratch and state in) ----
+
+  // `bytes` of zero-filled memory of this implementation's kind (bytes == 0 gives an empty
+  // buffer with a null data()). Allocation is rare (state made on a layer's first step) and
+  // synchronous: the zeros are in place when it returns. When the memory is not there: an error
+  // naming the size (kBackendError with the CUDA error, kUnavailable for host memory).
+  virtual Result<std::unique_ptr<KernelBuffer>> Allocate(size_t bytes) const = 0;
+
+  // data[i] *= scale for i < n: one float32 multiply per element, so both implementations and
+  // the engine's host average give bitwise identical results. scale must be finite.
+  virtual Status Scale(float* data, size_t n, float scale, void* stream) const = 0;
+
+  // data[i] = value for i < n.
+  virtual Status Fill(float* data, size_t n, float value, void* stream) const = 0;
+
+  // Copies `bytes` bytes; dst and src must not overlap unless equal (then nothing is done).
+  // Each side may be this implementation's memory or host memory (CUDA: cudaMemcpyDefault, so
+  // host <-> device works too); ordered on the stream, so the host must Synchronize before it
+  // reads a host dst written from device memory.
+  virtual Status Copy(void* dst, const void* src, size_t bytes, void* stream) const = 0;
+
+  // Waits until the work queued on `stream` (null: the default stream) has finished. The CPU
+  // kernels are synchronous, so for them it returns at once.
+  virtual Status Synchronize(void* stream) const = 0;
 };
 
 // The CPU kernels (always built) and, when CUDA is built, the CUDA kernels.

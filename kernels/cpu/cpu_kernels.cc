@@ -1,13 +1,15 @@
 // The host-memory Kernels: the small kernels (scatter-add, the sufficient-factor GEMM through
 // BLAS, pack / unpack) and the CpuKernels() object that exposes every CPU kernel behind the
 // Kernels interface (stream arguments are ignored: host kernels run synchronously).
+#include "kernels/cpu/cpu_kernels.h"
+
 #include <cblas.h>
 
 #include <climits>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
-
-#include "kernels/cpu/cpu_kernels.h"
 
 namespace poseidon {
 namespace cpu {
@@ -30,8 +32,8 @@ Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense,
 Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
                             float alpha, float beta, float* g) {
   constexpr const char* kCall = "SufficientFactorGemm";
-  PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, kCall,
-                  ": shape rows = ", rows, ", m = ", m, ", n = ", n,
+  PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, kCall, ": shape rows = ", rows,
+                  ", m = ", m, ", n = ", n,
                   " exceeds the BLAS index range; expected each <= ", INT_MAX);
   if (m == 0 || n == 0) return Status::Ok();
   PSD_REQUIRE_ARG(g != nullptr, kCall, ": g is null with m = ", m, ", n = ", n);
@@ -93,6 +95,70 @@ Status Unpack(const void* src, const std::vector<ByteRange>& parts) {
 
 namespace {
 
+// Host memory from std::aligned_alloc, zero-filled, freed with std::free.
+class HostBuffer final : public KernelBuffer {
+ public:
+  HostBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  ~HostBuffer() override { std::free(data_); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  void* data() const override { return data_; }
+  size_t bytes() const override { return bytes_; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
+constexpr size_t kAlignment = 64;
+
+}  // namespace
+
+Result<std::unique_ptr<KernelBuffer>> Allocate(size_t bytes) {
+  if (bytes == 0) return std::unique_ptr<KernelBuffer>(new HostBuffer(nullptr, 0));
+  PSD_REQUIRE_ARG(bytes <= SIZE_MAX - kAlignment, "Allocate: ", bytes,
+                  " bytes is beyond the address space; expected a buffer size that fits");
+  // aligned_alloc needs a size that is a multiple of the alignment.
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  PSD_REQUIRE(p != nullptr, StatusCode::kUnavailable, "Allocate: ", bytes,
+              " bytes of host memory are not available (aligned_alloc failed)");
+  std::memset(p, 0, rounded);
+  return std::unique_ptr<KernelBuffer>(new HostBuffer(p, bytes));
+}
+
+Status Scale(float* data, size_t n, float scale) {
+  PSD_REQUIRE_ARG(std::isfinite(scale), "Scale: scale is ", scale, "; expected a finite factor");
+  if (n == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(data != nullptr, "Scale: data is null with n = ", n);
+  // One multiply per element, nothing fused: the CUDA twin and the engine's host average
+  // compute the same float32 products.
+  for (size_t i = 0; i < n; ++i) data[i] *= scale;
+  return Status::Ok();
+}
+
+Status Fill(float* data, size_t n, float value) {
+  if (n == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(data != nullptr, "Fill: data is null with n = ", n);
+  for (size_t i = 0; i < n; ++i) data[i] = value;
+  return Status::Ok();
+}
+
+Status Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return Status::Ok();
+  PSD_REQUIRE_ARG(dst != nullptr, "Copy: dst is null with ", bytes, " bytes to copy");
+  PSD_REQUIRE_ARG(src != nullptr, "Copy: src is null with ", bytes, " bytes to copy");
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  PSD_REQUIRE_ARG(d + bytes <= s || s + bytes <= d, "Copy: dst and src overlap (", bytes,
+                  " bytes, ", d > s ? d - s : s - d,
+                  " bytes apart); expected disjoint ranges or dst == src");
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+
+namespace {
+
 class CpuKernelsImpl final : public Kernels {
  public:
   MemoryKind memory() const override { return MemoryKind::kHost; }
@@ -102,8 +168,8 @@ class CpuKernelsImpl final : public Kernels {
     return std::make_unique<TopKWorkspace>();
   }
 
-  Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
-                           float momentum, size_t n, size_t k, uint32_t* out_idx, float* out_val,
+  Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf, float momentum,
+                           size_t n, size_t k, uint32_t* out_idx, float* out_val,
                            KernelWorkspace* ws, void* /*stream*/) const override {
     return cpu::FusedResidualTopK(grad, residual, momentum_buf, momentum, n, k, out_idx, out_val,
                                   ws);
@@ -113,8 +179,7 @@ class CpuKernelsImpl final : public Kernels {
     return cpu::ScatterAdd(idx, val, m, dense, n);
   }
   Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
-                              float alpha, float beta, float* g,
-                              void* /*stream*/) const override {
+                              float alpha, float beta, float* g, void* /*stream*/) const override {
     return cpu::SufficientFactorGemm(u, v, rows, m, n, alpha, beta, g);
   }
   Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
@@ -143,6 +208,19 @@ class CpuKernelsImpl final : public Kernels {
                  void* /*stream*/) const override {
     return cpu::SumInto(dst, src, num, stride, n);
   }
+  Result<std::unique_ptr<KernelBuffer>> Allocate(size_t bytes) const override {
+    return cpu::Allocate(bytes);
+  }
+  Status Scale(float* data, size_t n, float scale, void* /*stream*/) const override {
+    return cpu::Scale(data, n, scale);
+  }
+  Status Fill(float* data, size_t n, float value, void* /*stream*/) const override {
+    return cpu::Fill(data, n, value);
+  }
+  Status Copy(void* dst, const void* src, size_t bytes, void* /*stream*/) const override {
+    return cpu::Copy(dst, src, bytes);
+  }
+  Status Synchronize(void* /*stream*/) const override { return Status::Ok(); }
 };
 
 }  // namespace

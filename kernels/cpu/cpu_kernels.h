@@ -56,6 +56,12 @@ Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_str
 
 Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n);
 
+// Zero-filled host memory aligned to 64 bytes (a cache line, the widest vector load).
+Result<std::unique_ptr<KernelBuffer>> Allocate(size_t bytes);
+Status Scale(float* data, size_t n, float scale);
+Status Fill(float* data, size_t n, float value);
+Status Copy(void* dst, const void* src, size_t bytes);
+
 // Which vector width FusedResidualTopK's fused pass runs with: "avx512", "avx2" or "scalar".
 const char* TopKIsa();
 // Tests and benchmarks: pin the fused pass to "scalar", "avx2" or "avx512" ("auto" undoes it).

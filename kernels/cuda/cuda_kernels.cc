@@ -1,6 +1,7 @@
 // CudaKernelsImpl: argument checks (the same rules and messages as the CPU kernels, plus a
 // check that every buffer is device memory), then the launchers of topk.cu / elementwise.cu,
-// cuBLAS for the sufficient-factor GEMM and cudaMemcpyAsync for pack / unpack.
+// cuBLAS for the sufficient-factor GEMM, cudaMemcpyAsync for pack / unpack / copy and
+// cudaMalloc for the buffers strategies keep their state in.
 #include "kernels/cuda/cuda_kernels.h"
 
 #include <cublas_v2.h>
@@ -49,6 +50,25 @@ Result<cublasHandle_t> CublasHandle() {
   }
   return handle;
 }
+
+// Device memory from cudaMalloc. cudaFree waits for the device, so a buffer may be dropped
+// while kernels that use it are still queued.
+class DeviceMemory final : public KernelBuffer {
+ public:
+  DeviceMemory(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  ~DeviceMemory() override {
+    if (data_ != nullptr) (void)cudaFree(data_);
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  void* data() const override { return data_; }
+  size_t bytes() const override { return bytes_; }
+  MemoryKind memory() const override { return MemoryKind::kDevice; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
 
 class CudaKernelsImpl final : public Kernels {
  public:
@@ -281,6 +301,55 @@ class CudaKernelsImpl final : public Kernels {
     if (num > 0) PSD_CHECK(CheckPieces(kCall, src, num, stride, n));
     PSD_CHECK(CheckDevicePointer(kCall, "dst", dst, n * sizeof(float)));
     return cuda::LaunchSumInto(dst, src, num, stride, n, ToStream(stream));
+  }
+
+  Result<std::unique_ptr<KernelBuffer>> Allocate(size_t bytes) const override {
+    if (bytes == 0) return std::unique_ptr<KernelBuffer>(new DeviceMemory(nullptr, 0));
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return CudaStatus(err, StrCat("Allocate: cudaMalloc(", bytes, " bytes)").c_str());
+    }
+    auto buf = std::unique_ptr<KernelBuffer>(new DeviceMemory(p, bytes));
+    // Zeros in place before any stream (blocking or not) can use the buffer.
+    PSD_CHECK(CudaStatus(cudaMemset(p, 0, bytes), "Allocate: cudaMemset"));
+    PSD_CHECK(CudaStatus(cudaStreamSynchronize(nullptr), "Allocate: cudaStreamSynchronize"));
+    return buf;
+  }
+
+  Status Scale(float* data, size_t n, float scale, void* stream) const override {
+    PSD_REQUIRE_ARG(std::isfinite(scale), "Scale: scale is ", scale, "; expected a finite factor");
+    if (n == 0) return Status::Ok();
+    PSD_REQUIRE_ARG(data != nullptr, "Scale: data is null with n = ", n);
+    PSD_CHECK(CheckDevicePointer("Scale", "data", data, n * sizeof(float)));
+    return cuda::LaunchScale(data, n, scale, ToStream(stream));
+  }
+
+  Status Fill(float* data, size_t n, float value, void* stream) const override {
+    if (n == 0) return Status::Ok();
+    PSD_REQUIRE_ARG(data != nullptr, "Fill: data is null with n = ", n);
+    PSD_CHECK(CheckDevicePointer("Fill", "data", data, n * sizeof(float)));
+    return cuda::LaunchFill(data, n, value, ToStream(stream));
+  }
+
+  Status Copy(void* dst, const void* src, size_t bytes, void* stream) const override {
+    if (bytes == 0 || dst == src) return Status::Ok();
+    PSD_REQUIRE_ARG(dst != nullptr, "Copy: dst is null with ", bytes, " bytes to copy");
+    PSD_REQUIRE_ARG(src != nullptr, "Copy: src is null with ", bytes, " bytes to copy");
+    const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    PSD_REQUIRE_ARG(d + bytes <= s || s + bytes <= d, "Copy: dst and src overlap (", bytes,
+                    " bytes, ", d > s ? d - s : s - d,
+                    " bytes apart); expected disjoint ranges or dst == src");
+    // cudaMemcpyDefault: the runtime reads where each pointer lives (unified addressing), so
+    // device <-> device and host <-> device take the same call.
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ToStream(stream)),
+                      "Copy: cudaMemcpyAsync");
+  }
+
+  Status Synchronize(void* stream) const override {
+    return CudaStatus(cudaStreamSynchronize(ToStream(stream)),
+                      "Synchronize: cudaStreamSynchronize");
   }
 };
 

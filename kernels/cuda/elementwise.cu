@@ -1,4 +1,4 @@
-// Elementwise CUDA kernels: ScatterAdd, Cast, the optimizer steps and SumInto.
+// Elementwise CUDA kernels: ScatterAdd, Cast, the optimizer steps, SumInto, Scale and Fill.
 //
 // Each kernel is a grid-stride loop that evaluates the CPU twin's expressions in the same
 // order; with --fmad=false (set on the target) nothing is contracted into an FMA, and CUDA's
@@ -108,6 +108,15 @@ __global__ void SumIntoKernel(float* dst, const float* src, int num, size_t stri
   PSD_GRID_STRIDE(i, n) { dst[i] = SumPieces(src, num, stride, i); }
 }
 
+// One float32 multiply per element (no FMA to contract with: bitwise the CPU's x *= s).
+__global__ void ScaleKernel(float* data, size_t n, float scale) {
+  PSD_GRID_STRIDE(i, n) { data[i] = data[i] * scale; }
+}
+
+__global__ void FillKernel(float* data, size_t n, float value) {
+  PSD_GRID_STRIDE(i, n) { data[i] = value; }
+}
+
 // Per-thread, per-device scratch for ScatterAdd's bad-index report (device word + pinned
 // mirror), made on first use. Never freed: it lives as long as the thread, and freeing CUDA
 // memory from thread-exit destructors can run after the runtime has shut down.
@@ -200,6 +209,16 @@ Status LaunchSumInto(float* dst, const float* src, int num, size_t stride, size_
   }
   SumIntoKernel<<<GridFor(n), kThreads, 0, stream>>>(dst, src, num, stride, n);
   return CudaStatus(cudaGetLastError(), "SumInto kernel launch");
+}
+
+Status LaunchScale(float* data, size_t n, float scale, cudaStream_t stream) {
+  ScaleKernel<<<GridFor(n), kThreads, 0, stream>>>(data, n, scale);
+  return CudaStatus(cudaGetLastError(), "Scale kernel launch");
+}
+
+Status LaunchFill(float* data, size_t n, float value, cudaStream_t stream) {
+  FillKernel<<<GridFor(n), kThreads, 0, stream>>>(data, n, value);
+  return CudaStatus(cudaGetLastError(), "Fill kernel launch");
 }
 
 }  // namespace cuda

@@ -40,6 +40,9 @@ Status LaunchAdamStep(float* param, const float* grads, int num_grads, size_t gr
                       float step_size, float inv_bc2_sqrt, cudaStream_t stream);
 Status LaunchSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
                      cudaStream_t stream);
+// data[i] *= scale (one multiply, bitwise the CPU's) and data[i] = value.
+Status LaunchScale(float* data, size_t n, float scale, cudaStream_t stream);
+Status LaunchFill(float* data, size_t n, float value, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace poseidon
