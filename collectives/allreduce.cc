@@ -45,6 +45,16 @@ class AllReduce final : public Strategy {
     PSD_CHECK(strategy_internal::FormGradientFromFactors(layer, buf, ctx));
     return strategy_internal::DenseAllReduce(layer, &s->opt, buf, ctx, report);
   }
+
+  Status FinishSum(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
+                   const StrategyContext& ctx) const override {
+    if (Status st = strategy_internal::CheckBuffers("FinishSum(allreduce)", layer, buf, true);
+        !st.ok()) {
+      return st;
+    }
+    return strategy_internal::FinishDenseSum(layer, &static_cast<DenseState*>(state)->opt, buf,
+                                             ctx);
+  }
 };
 
 }  // namespace

@@ -21,28 +21,61 @@ const Strategy& GetStrategy(StrategyKind kind) {
   return strategy_internal::AllReduceStrategy();
 }
 
+Status Strategy::FinishSum(const LayerSpec& layer, LayerState*, const ExchangeBuffers&,
+                           const StrategyContext&) const {
+  return Status(StatusCode::kUnimplemented,
+                StrCat("FinishSum: layer ", layer.name, " runs ", name(),
+                       ", which has no local tail after a dense sum; expected allreduce"));
+}
+
+Status StrategyBuffer::Grow(const Kernels& kernels, size_t bytes) {
+  if (buf_ && buf_->bytes() >= bytes) return Status::Ok();
+  buf_.reset();  // free first: the old contents are not kept, and peak memory stays lower
+  PSD_ASSIGN_OR_RETURN(buf_, kernels.Allocate(bytes));
+  return Status::Ok();
+}
+
+Status StrategyBuffer::Reset(const Kernels& kernels, size_t bytes) {
+  if (buf_ && buf_->bytes() == bytes) return Status::Ok();
+  buf_.reset();
+  PSD_ASSIGN_OR_RETURN(buf_, kernels.Allocate(bytes));
+  return Status::Ok();
+}
+
 Status OptimizerState::Apply(float* params, const float* grads, int num_grads, size_t stride,
                              float grad_scale, size_t n, const StrategyContext& ctx) {
   const Kernels& k = *ctx.kernels;
+  kernels_ = ctx.kernels;
+  stream_ = ctx.call.stream;
   ++steps_;
   if (n == 0) return Status::Ok();
+  // Fresh (zero) moments when the span changes size, as a new optimizer would start.
+  n_ = n;
   switch (spec_.kind) {
     case OptimizerSpec::Kind::kSgd:
-      if (first_.size() != n) first_.assign(n, 0.0f);
-      return k.SgdStep(params, grads, num_grads, stride, grad_scale, first_.data(), n, spec_.sgd,
-                       ctx.call.stream);
+      PSD_CHECK(first_.Reset(k, n * sizeof(float)));
+      return k.SgdStep(params, grads, num_grads, stride, grad_scale, first_.as<float>(), n,
+                       spec_.sgd, ctx.call.stream);
     case OptimizerSpec::Kind::kAdam: {
-      if (first_.size() != n) first_.assign(n, 0.0f);
-      if (second_.size() != n) second_.assign(n, 0.0f);
+      PSD_CHECK(first_.Reset(k, n * sizeof(float)));
+      PSD_CHECK(second_.Reset(k, n * sizeof(float)));
       AdamParams p = spec_.adam;
       p.step = steps_;  // bias correction counts the steps this state has taken
-      return k.AdamStep(params, grads, num_grads, stride, grad_scale, first_.data(), second_.data(),
-                        n, p, ctx.call.stream);
+      return k.AdamStep(params, grads, num_grads, stride, grad_scale, first_.as<float>(),
+                        second_.as<float>(), n, p, ctx.call.stream);
     }
     case OptimizerSpec::Kind::kNone:
       break;
   }
   return InternalError("OptimizerState::Apply: no optimizer attached");
+}
+
+std::vector<float> OptimizerState::first() const {
+  return kernels_ ? first_.Download<float>(*kernels_, n_, stream_) : std::vector<float>();
+}
+
+std::vector<float> OptimizerState::second() const {
+  return kernels_ ? second_.Download<float>(*kernels_, n_, stream_) : std::vector<float>();
 }
 
 namespace strategy_internal {
@@ -96,15 +129,22 @@ Status FormGradientFromFactors(const LayerSpec& layer, const ExchangeBuffers& bu
 }
 
 Status Scale(float* data, size_t n, float scale, const StrategyContext& ctx) {
-  PSD_REQUIRE(ctx.call.memory == MemoryKind::kHost, StatusCode::kUnimplemented,
-              "Scale: only host memory is supported (the Kernels contract has no scale kernel)");
-  for (size_t i = 0; i < n; ++i) data[i] *= scale;
-  return Status::Ok();
+  return ctx.kernels->Scale(data, n, scale, ctx.call.stream);
 }
 
 Status Zero(float* data, size_t n, const StrategyContext& ctx) {
-  // SumInto over zero pieces writes zeros: a fill that works wherever the kernels do.
-  return ctx.kernels->SumInto(data, data, 0, 0, n, ctx.call.stream);
+  return ctx.kernels->Fill(data, n, 0.0f, ctx.call.stream);
+}
+
+Status FinishDenseSum(const LayerSpec& layer, OptimizerState* opt, const ExchangeBuffers& buf,
+                      const StrategyContext& ctx) {
+  const size_t n = layer.NumElements();
+  const float inv = 1.0f / static_cast<float>(ctx.backend->size());
+  if (layer.optimizer.enabled()) {
+    // The 1/P average rides in the optimizer's pass over the summed gradient.
+    return opt->Apply(buf.params, buf.grad, 1, 0, inv, n, ctx);
+  }
+  return Scale(buf.grad, n, inv, ctx);
 }
 
 Status DenseAllReduce(const LayerSpec& layer, OptimizerState* opt, const ExchangeBuffers& buf,
@@ -114,12 +154,7 @@ Status DenseAllReduce(const LayerSpec& layer, OptimizerState* opt, const Exchang
   PSD_CHECK(ctx.backend->AllReduce(buf.grad, buf.grad, n, DType::kFloat32, ctx.call));
   report->bytes_sent +=
       CostModel::WireBytes(CollectiveKind::kAllReduce, world, 4.0 * static_cast<double>(n));
-  const float inv = 1.0f / static_cast<float>(world);
-  if (layer.optimizer.enabled()) {
-    // The 1/P average rides in the optimizer's pass over the summed gradient.
-    return opt->Apply(buf.params, buf.grad, 1, 0, inv, n, ctx);
-  }
-  return Scale(buf.grad, n, inv, ctx);
+  return FinishDenseSum(layer, opt, buf, ctx);
 }
 
 size_t TopkCount(const LayerSpec& layer) {

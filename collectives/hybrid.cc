@@ -18,12 +18,6 @@ Result<std::unique_ptr<HybridCollective>> HybridCollective::Create(
   PSD_REQUIRE_ARG(memory == MemoryKind::kHost || memory == MemoryKind::kDevice,
                   "HybridCollective::Create: memory kind ", static_cast<int>(memory),
                   " is invalid; expected host or device");
-  // Strategies keep scratch and state in host vectors and scale with a host loop: the Kernels
-  // contract has no device allocation or scale kernel yet, so device memory is refused here
-  // rather than failing inside a step.
-  PSD_REQUIRE(memory == MemoryKind::kHost, StatusCode::kUnimplemented,
-              "HybridCollective::Create: device memory is not supported yet (strategies need "
-              "device scratch and a scale kernel the Kernels contract lacks); use host memory");
   if (kernels == nullptr) {
     PSD_ASSIGN_OR_RETURN(kernels, KernelsFor(memory));
   }
@@ -114,6 +108,16 @@ const LayerState* HybridCollective::state(int id) const {
   return layers_[static_cast<size_t>(id)].state.get();
 }
 
+Result<LayerState*> HybridCollective::StateFor(int id) {
+  Layer& l = layers_[static_cast<size_t>(id)];
+  const StrategyKind kind = strategy(id);
+  if (!l.state || l.state_kind != kind) {
+    PSD_ASSIGN_OR_RETURN(l.state, GetStrategy(kind).NewState(l.spec, ctx_));
+    l.state_kind = kind;
+  }
+  return l.state.get();
+}
+
 Status HybridCollective::Exchange(int id, const ExchangeBuffers& buffers, int64_t step) {
   PSD_CHECK(CheckId("Exchange", id));
   PSD_REQUIRE(plan_.has_value(), StatusCode::kInvalidArgument, "Exchange: layer ",
@@ -123,28 +127,50 @@ Status HybridCollective::Exchange(int id, const ExchangeBuffers& buffers, int64_
   Layer& l = layers_[static_cast<size_t>(id)];
   const StrategyKind kind = strategy(id);
   const Strategy& s = GetStrategy(kind);
-  if (!l.state || l.state_kind != kind) {
-    PSD_ASSIGN_OR_RETURN(l.state, s.NewState(l.spec, ctx_));
-    l.state_kind = kind;
-  }
+  PSD_ASSIGN_OR_RETURN(LayerState * state, StateFor(id));
   ExchangeBuffers b = buffers;
   if (kind == StrategyKind::kSfb && b.max_batch == 0) b.max_batch = plan_->batch;
   ExchangeReport report;
-  Status st = s.Exchange(l.spec, l.state.get(), b, step, ctx_, &report);
+  Status st = s.Exchange(l.spec, state, b, step, ctx_, &report);
   if (!st.ok()) {
     return st.WithPrefix(StrCat("while exchanging layer ", l.spec.name, " with ", s.name(), ": "));
   }
   const double dense = CostModel::WireBytes(CollectiveKind::kAllReduce, world(),
                                             4.0 * static_cast<double>(l.spec.NumElements()));
+  AddTraffic(id, report.bytes_sent, dense);
+  if (report.fell_back_dense) {
+    l.traffic.dense_fallbacks += 1;
+    total_.dense_fallbacks += 1;
+  }
+  return Status::Ok();
+}
+
+Status HybridCollective::FinishDenseSum(int id, const ExchangeBuffers& buffers, int64_t step) {
+  PSD_CHECK(CheckId("FinishDenseSum", id));
+  Layer& l = layers_[static_cast<size_t>(id)];
+  PSD_REQUIRE(plan_.has_value(), StatusCode::kInvalidArgument, "FinishDenseSum: layer ",
+              l.spec.name, ": no plan; call BuildPlan after registering every layer");
+  PSD_REQUIRE_ARG(step >= 0, "FinishDenseSum: step ", step, " is negative; expected >= 0");
+  const StrategyKind kind = strategy(id);
+  PSD_REQUIRE_ARG(kind == StrategyKind::kAllReduce, "FinishDenseSum: layer ", l.spec.name,
+                  " is planned as ", StrategyName(kind),
+                  "; expected allreduce (only a dense sum can be finished locally)");
+  PSD_ASSIGN_OR_RETURN(LayerState * state, StateFor(id));
+  Status st = GetStrategy(kind).FinishSum(l.spec, state, buffers, ctx_);
+  if (!st.ok()) return st.WithPrefix(StrCat("while finishing layer ", l.spec.name, ": "));
+  return Status::Ok();
+}
+
+void HybridCollective::AddTraffic(int id, double bytes_sent, double dense_bytes) {
+  if (id < 0 || id >= num_layers()) return;
+  Layer& l = layers_[static_cast<size_t>(id)];
   for (Traffic* t : {&l.traffic, &total_}) {
     t->exchanges += 1;
-    t->bytes_sent += report.bytes_sent;
-    t->dense_bytes += dense;
-    t->dense_fallbacks += report.fell_back_dense ? 1 : 0;
+    t->bytes_sent += bytes_sent;
+    t->dense_bytes += dense_bytes;
   }
-  l.traffic.last_bytes_sent = report.bytes_sent;
-  total_.last_bytes_sent += report.bytes_sent;
-  return Status::Ok();
+  l.traffic.last_bytes_sent = bytes_sent;
+  total_.last_bytes_sent += bytes_sent;
 }
 
 }  // namespace poseidon

@@ -15,6 +15,12 @@
 // collective: every rank must call it for the same layer id in the same order.
 // Registration is local; BuildPlan is collective and fails on every rank (kMismatch) when the
 // ranks' plans differ (different layers registered, different batch).
+// Memory: host (CPU kernels, MPI backend) or device (CUDA kernels, comm->backend(kDevice):
+// NCCL or MPI staged through pinned buffers). Every strategy keeps its state and scratch in
+// the collective's memory (Kernels::Allocate). With device memory, Exchange queues its kernels
+// and copies on stream() and returns once the host part is done: the results are ordered on
+// that stream, so synchronize it (or wait on an event recorded after it) before the host
+// reads them.
 // Layer state (top-k residuals, optimizer state) is kept per layer and strategy; rebuilding the
 // plan keeps the state of layers whose strategy did not change. State does not migrate between
 // strategies: a layer that moves from allreduce to ps starts with fresh optimizer state.
@@ -47,7 +53,8 @@ struct Traffic {
 class HybridCollective {
  public:
   // kernels == nullptr: KernelsFor(memory). The communicator must outlive this object.
-  // Host memory only for now (device memory: kUnimplemented, see hybrid.cc).
+  // Device memory takes comm->backend(kDevice), which is collective on its first use (every
+  // rank must then create its collective); kUnavailable without CUDA or a GPU.
   static Result<std::unique_ptr<HybridCollective>> Create(std::shared_ptr<Communicator> comm,
                                                           MemoryKind memory = MemoryKind::kHost,
                                                           const Kernels* kernels = nullptr);
@@ -73,6 +80,22 @@ class HybridCollective {
   // Exchanges one layer with its planned strategy (see ExchangeBuffers for the buffers).
   Status Exchange(int id, const ExchangeBuffers& buffers, int64_t step);
 
+  // For the engine, which sums dense allreduce layers itself (fusion buffer, chunks): buffers.grad
+  // holds the sum over ranks of layer `id` (planned allreduce); applies the 1/P average or,
+  // with an optimizer, the step on buffers.params with the average fused in: bitwise what
+  // Exchange would have produced. Local (no communication); does not count traffic (AddTraffic).
+  Status FinishDenseSum(int id, const ExchangeBuffers& buffers, int64_t step);
+  // Counts one exchange of layer `id` that ran outside Exchange (fused or chunked by the
+  // engine): bytes_sent on the wire per rank, dense_bytes what a dense allreduce would send.
+  void AddTraffic(int id, double bytes_sent, double dense_bytes);
+
+  // The stream the strategies' kernels and device collectives are ordered on (device memory;
+  // null: the default stream). The engine sets its own; set it only while no exchange runs.
+  void set_stream(void* stream) { ctx_.call.stream = stream; }
+  void* stream() const { return ctx_.call.stream; }
+  MemoryKind memory() const { return ctx_.call.memory; }
+  const Kernels& kernels() const { return *ctx_.kernels; }
+
   // Per-layer and total traffic; "last" of the total is the current iteration (the exchanges
   // since the last ResetIteration).
   const Traffic& LayerTraffic(int id) const { return layers_[static_cast<size_t>(id)].traffic; }
@@ -89,6 +112,8 @@ class HybridCollective {
  private:
   HybridCollective() = default;
   Status CheckId(const char* call, int id) const;
+  // The layer's state for its planned strategy, made on first use.
+  Result<LayerState*> StateFor(int id);
 
   struct Layer {
     LayerSpec spec;

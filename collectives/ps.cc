@@ -22,8 +22,8 @@ namespace {
 class PsState : public LayerState {
  public:
   explicit PsState(const OptimizerSpec& spec) : opt(spec) {}
-  OptimizerState opt;        // for this rank's shard only
-  std::vector<float> shard;  // the summed gradient of the shard, then the updated shard
+  OptimizerState opt;    // for this rank's shard only
+  StrategyBuffer shard;  // the summed gradient of the shard, then the updated shard
 };
 
 class Ps final : public Strategy {
@@ -71,20 +71,16 @@ class Ps final : public Strategy {
     const std::vector<size_t> counts = ShardCounts(n, world);
     const size_t mine = counts[static_cast<size_t>(rank)];
     const size_t offset = ShardOffset(n, world, rank);
-    s->shard.resize(mine);
+    PSD_CHECK(s->shard.Grow(*ctx.kernels, mine * sizeof(float)));
+    float* shard = s->shard.as<float>();
 
     PSD_CHECK(strategy_internal::FormGradientFromFactors(layer, buf, ctx));
-    PSD_CHECK(
-        ctx.backend->ReduceScatter(buf.grad, s->shard.data(), counts, DType::kFloat32, ctx.call));
+    PSD_CHECK(ctx.backend->ReduceScatter(buf.grad, shard, counts, DType::kFloat32, ctx.call));
     const float inv = 1.0f / static_cast<float>(world);
-    PSD_CHECK(s->opt.Apply(buf.params + offset, s->shard.data(), 1, 0, inv, mine, ctx));
+    PSD_CHECK(s->opt.Apply(buf.params + offset, shard, 1, 0, inv, mine, ctx));
     // MPI may not alias send and receive buffers, so the updated shard travels from scratch.
-    if (mine > 0) {
-      PSD_CHECK(ctx.kernels->Pack({{buf.params + offset, mine * sizeof(float)}}, s->shard.data(),
-                                  ctx.call.stream));
-    }
-    PSD_CHECK(
-        ctx.backend->AllGatherV(s->shard.data(), buf.params, counts, DType::kFloat32, ctx.call));
+    PSD_CHECK(ctx.kernels->Copy(shard, buf.params + offset, mine * sizeof(float), ctx.call.stream));
+    PSD_CHECK(ctx.backend->AllGatherV(shard, buf.params, counts, DType::kFloat32, ctx.call));
     double bytes = 4.0 * static_cast<double>(n);
     report->bytes_sent += CostModel::WireBytes(CollectiveKind::kReduceScatter, world, bytes) +
                           CostModel::WireBytes(CollectiveKind::kAllGather, world, bytes);

@@ -23,7 +23,8 @@ class SfbState : public LayerState {
  public:
   explicit SfbState(const OptimizerSpec& spec) : opt(spec) {}
   OptimizerState opt;
-  std::vector<float> send, gathered, u_all, v_all;
+  // Scratch in the collective's memory (host or device), grown on demand.
+  StrategyBuffer send, gathered, u_all, v_all;
 };
 
 class Sfb final : public Strategy {
@@ -75,39 +76,43 @@ class Sfb final : public Strategy {
     const size_t block = kmax * (m + n);  // floats each rank contributes
 
     // 1. [U | V] with zero rows past this rank's batch.
-    s->send.assign(block, 0.0f);
+    const Kernels& kern = *ctx.kernels;
+    void* stream = ctx.call.stream;
+    PSD_CHECK(s->send.Grow(kern, block * sizeof(float)));
+    float* send = s->send.as<float>();
     if (buf.batch > 0) {
-      PSD_CHECK(ctx.kernels->Pack({{buf.u, buf.batch * m * sizeof(float)}}, s->send.data(),
-                                  ctx.call.stream));
-      PSD_CHECK(ctx.kernels->Pack({{buf.v, buf.batch * n * sizeof(float)}},
-                                  s->send.data() + kmax * m, ctx.call.stream));
+      PSD_CHECK(kern.Copy(send, buf.u, buf.batch * m * sizeof(float), stream));
+      PSD_CHECK(kern.Copy(send + kmax * m, buf.v, buf.batch * n * sizeof(float), stream));
     }
+    PSD_CHECK(strategy_internal::Zero(send + buf.batch * m, (kmax - buf.batch) * m, ctx));
+    PSD_CHECK(
+        strategy_internal::Zero(send + kmax * m + buf.batch * n, (kmax - buf.batch) * n, ctx));
     // 2. One allgather; the backend's argument check fails every rank (no hang) if the ranks
     // disagree on Kmax.
-    s->gathered.resize(block * static_cast<size_t>(world));
-    PSD_CHECK(ctx.backend->AllGather(s->send.data(), s->gathered.data(), block, DType::kFloat32,
-                                     ctx.call));
+    PSD_CHECK(s->gathered.Grow(kern, block * static_cast<size_t>(world) * sizeof(float)));
+    const float* gathered = s->gathered.as<float>();
+    PSD_CHECK(ctx.backend->AllGather(send, s->gathered.data(), block, DType::kFloat32, ctx.call));
     report->bytes_sent += CostModel::WireBytes(CollectiveKind::kAllGather, world,
                                                4.0 * static_cast<double>(block) * world);
     const size_t rows = kmax * static_cast<size_t>(world);
     if (rows == 0) {
       PSD_CHECK(strategy_internal::Zero(buf.grad, m * n, ctx));
     } else {
-      // 3. Rank blocks -> contiguous U_all and V_all.
+      // 3. Rank blocks -> contiguous U_all and V_all (byte copies: Pack works on either memory).
       std::vector<ConstByteRange> us, vs;
       for (int r = 0; r < world; ++r) {
-        const float* b = s->gathered.data() + static_cast<size_t>(r) * block;
+        const float* b = gathered + static_cast<size_t>(r) * block;
         us.push_back({b, kmax * m * sizeof(float)});
         vs.push_back({b + kmax * m, kmax * n * sizeof(float)});
       }
-      s->u_all.resize(rows * m);
-      s->v_all.resize(rows * n);
-      PSD_CHECK(ctx.kernels->Pack(us, s->u_all.data(), ctx.call.stream));
-      PSD_CHECK(ctx.kernels->Pack(vs, s->v_all.data(), ctx.call.stream));
+      PSD_CHECK(s->u_all.Grow(kern, rows * m * sizeof(float)));
+      PSD_CHECK(s->v_all.Grow(kern, rows * n * sizeof(float)));
+      PSD_CHECK(kern.Pack(us, s->u_all.data(), stream));
+      PSD_CHECK(kern.Pack(vs, s->v_all.data(), stream));
       // 4. One GEMM over every gathered row, averaged.
-      PSD_CHECK(ctx.kernels->SufficientFactorGemm(s->u_all.data(), s->v_all.data(), rows, m, n,
-                                                  1.0f / static_cast<float>(world), 0.0f, buf.grad,
-                                                  ctx.call.stream));
+      PSD_CHECK(kern.SufficientFactorGemm(s->u_all.as<float>(), s->v_all.as<float>(), rows, m, n,
+                                          1.0f / static_cast<float>(world), 0.0f, buf.grad,
+                                          stream));
     }
     // 5. The optimizer on the full parameter.
     if (layer.optimizer.enabled()) {

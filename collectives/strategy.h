@@ -5,8 +5,14 @@
 // optimizer state, kernel workspace, scratch) lives in a LayerState the strategy makes with
 // NewState and the caller owns. Exchange is synchronous and collective: every rank calls it for
 // the same layer, in the same order.
+//
+// Memory: the state and scratch are StrategyBuffers allocated through the context's Kernels,
+// so they live where the layer's buffers live (host memory with the CPU kernels, device memory
+// with the CUDA kernels) and the same strategy code runs on both. Strategies never touch the
+// bytes from the host; every access goes through a Kernels call or the Backend.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -66,6 +72,39 @@ class LayerState {
   virtual ~LayerState() = default;
 };
 
+// A buffer a strategy keeps between steps (state) or reuses (scratch), allocated through the
+// Kernels of the collective: host or device memory. Empty until Grow or Reset.
+class StrategyBuffer {
+ public:
+  // Scratch: at least `bytes` (reallocated, zero-filled, only when it is too small; otherwise
+  // the contents are whatever the last user left).
+  Status Grow(const Kernels& kernels, size_t bytes);
+  // State: exactly `bytes`, zero-filled when (re)made; kept as it is when already that size.
+  Status Reset(const Kernels& kernels, size_t bytes);
+  void* data() const { return buf_ ? buf_->data() : nullptr; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data());
+  }
+  size_t bytes() const { return buf_ ? buf_->bytes() : 0; }
+  bool empty() const { return bytes() == 0; }
+  // A host copy of the first `count` Ts (at most what the buffer holds), synchronizing the
+  // stream; empty when the copy fails. For tests and tools only.
+  template <typename T>
+  std::vector<T> Download(const Kernels& kernels, size_t count, void* stream) const {
+    std::vector<T> host(std::min(count, bytes() / sizeof(T)));
+    if (!host.empty() &&
+        (!kernels.Copy(host.data(), data(), host.size() * sizeof(T), stream).ok() ||
+         !kernels.Synchronize(stream).ok())) {
+      host.clear();
+    }
+    return host;
+  }
+
+ private:
+  std::unique_ptr<KernelBuffer> buf_;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -84,12 +123,21 @@ class Strategy {
   virtual Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                           int64_t step, const StrategyContext& ctx,
                           ExchangeReport* report) const = 0;
+
+  // The local tail of an exchange whose sum over ranks someone else computed (the engine's
+  // fusion buffer or chunks): buf.grad holds the sum; apply the average or the optimizer step
+  // exactly as Exchange would have. Only the dense allreduce has such a tail; the others
+  // return kUnimplemented. Local: no communication.
+  virtual Status FinishSum(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
+                           const StrategyContext& ctx) const;
 };
 
 // The four strategies (static instances).
 const Strategy& GetStrategy(StrategyKind kind);
 
 // Top-k state visible to tests and tools: this rank's residual and what it sent last step.
+// With device memory the accessors return host copies, refreshed once after each exchange
+// (the first call after an exchange copies and synchronizes the stream).
 class TopkLayerState : public LayerState {
  public:
   virtual const std::vector<float>& residual() const = 0;
@@ -100,20 +148,25 @@ class TopkLayerState : public LayerState {
 };
 
 // Optimizer state for a span of parameters (the full tensor, or a ps shard). Adam counts its
-// own steps so bias correction never depends on the caller's step numbering.
+// own steps so bias correction never depends on the caller's step numbering. The moments live
+// in StrategyBuffers (host or device memory, as the collective).
 class OptimizerState {
  public:
   explicit OptimizerState(const OptimizerSpec& spec) : spec_(spec) {}
   // params[0..n) -= update from grads = grad_scale * sum_g grads[g * stride + i].
   Status Apply(float* params, const float* grads, int num_grads, size_t stride, float grad_scale,
                size_t n, const StrategyContext& ctx);
-  const std::vector<float>& first() const { return first_; }    // SGD velocity / Adam m
-  const std::vector<float>& second() const { return second_; }  // Adam v
+  // Host copies of the moments (empty before the first step); tests and tools only.
+  std::vector<float> first() const;   // SGD velocity / Adam m
+  std::vector<float> second() const;  // Adam v
   int64_t steps() const { return steps_; }
 
  private:
   OptimizerSpec spec_;
-  std::vector<float> first_, second_;
+  StrategyBuffer first_, second_;
+  size_t n_ = 0;
+  const Kernels* kernels_ = nullptr;  // those of the last Apply, for first() / second()
+  void* stream_ = nullptr;
   int64_t steps_ = 0;
 };
 
@@ -147,10 +200,15 @@ Status FailTogether(const StrategyContext& ctx, const Status& local);
 // For a fully connected layer given as factors only: grad = U^T V (this rank's gradient).
 Status FormGradientFromFactors(const LayerSpec& layer, const ExchangeBuffers& buf,
                                const StrategyContext& ctx);
-// data[i] *= scale for n floats (host memory only: the Kernels contract has no scale kernel).
+// data[i] *= scale for n floats (Kernels::Scale, on the context's stream).
 Status Scale(float* data, size_t n, float scale, const StrategyContext& ctx);
-// data[i] = 0 for n floats (through Kernels::SumInto with no pieces).
+// data[i] = 0 for n floats (Kernels::Fill).
 Status Zero(float* data, size_t n, const StrategyContext& ctx);
+// What DenseAllReduce does after the sum: the optimizer step with the 1/P average fused in,
+// or grad *= 1/P. The engine calls it (through HybridCollective::FinishDenseSum) for layers it
+// summed itself in a fusion buffer or in chunks.
+Status FinishDenseSum(const LayerSpec& layer, OptimizerState* opt, const ExchangeBuffers& buf,
+                      const StrategyContext& ctx);
 }  // namespace strategy_internal
 
 }  // namespace poseidon

@@ -23,20 +23,50 @@ namespace {
 
 class TopkState final : public TopkLayerState {
  public:
-  TopkState(const OptimizerSpec& spec, std::unique_ptr<KernelWorkspace> w)
-      : opt(spec), ws(std::move(w)) {}
+  TopkState(const OptimizerSpec& spec, std::unique_ptr<KernelWorkspace> w, const Kernels* k,
+            void* stream)
+      : opt(spec), ws(std::move(w)), kernels_(k), stream_(stream) {}
 
-  const std::vector<float>& residual() const override { return residual_; }
-  const std::vector<float>& momentum() const override { return momentum_; }
-  const std::vector<uint32_t>& last_indices() const override { return idx_; }
-  const std::vector<float>& last_values() const override { return val_; }
+  // Host views, copied from the buffers once after each exchange (a plain memcpy for host
+  // memory; a device copy and a stream synchronization for device memory).
+  const std::vector<float>& residual() const override { return Refresh().residual; }
+  const std::vector<float>& momentum() const override { return Refresh().momentum; }
+  const std::vector<uint32_t>& last_indices() const override { return Refresh().idx; }
+  const std::vector<float>& last_values() const override { return Refresh().val; }
   size_t k() const override { return k_; }
+
+  // Called by every exchange: the host views are stale from here on.
+  void Touch() { fresh_ = false; }
 
   OptimizerState opt;
   std::unique_ptr<KernelWorkspace> ws;
-  std::vector<float> residual_, momentum_, val_, peer_val_;
-  std::vector<uint32_t> idx_, send_, gathered_, peer_idx_;
-  size_t k_ = 0;
+  // State (kept across steps) and scratch, in the collective's memory.
+  StrategyBuffer residual_, momentum_, idx_, val_;
+  StrategyBuffer send_, gathered_, peer_idx_, peer_val_;
+  size_t n_ = 0, k_ = 0;
+  bool has_momentum_ = false;
+
+ private:
+  struct HostView {
+    std::vector<float> residual, momentum, val;
+    std::vector<uint32_t> idx;
+  };
+  const HostView& Refresh() const {
+    if (!fresh_) {
+      view_.residual = residual_.Download<float>(*kernels_, n_, stream_);
+      view_.momentum =
+          has_momentum_ ? momentum_.Download<float>(*kernels_, n_, stream_) : std::vector<float>();
+      view_.idx = idx_.Download<uint32_t>(*kernels_, k_, stream_);
+      view_.val = val_.Download<float>(*kernels_, k_, stream_);
+      fresh_ = true;
+    }
+    return view_;
+  }
+
+  const Kernels* kernels_;
+  void* stream_;
+  mutable HostView view_;
+  mutable bool fresh_ = false;
 };
 
 bool FallsBack(const LayerSpec& layer, int64_t step) {
@@ -75,7 +105,8 @@ class Topk final : public Strategy {
     std::string why;
     PSD_REQUIRE_ARG(StrategyApplies(StrategyKind::kTopk, layer, &why), "topk: layer ", layer.name,
                     ": ", why);
-    return std::unique_ptr<LayerState>(new TopkState(layer.optimizer, ctx.kernels->NewWorkspace()));
+    return std::unique_ptr<LayerState>(
+        new TopkState(layer.optimizer, ctx.kernels->NewWorkspace(), ctx.kernels, ctx.call.stream));
   }
 
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
@@ -85,6 +116,7 @@ class Topk final : public Strategy {
       return strategy_internal::FailTogether(ctx, st);
     }
     auto* s = static_cast<TopkState*>(state);
+    s->Touch();
     PSD_CHECK(strategy_internal::FormGradientFromFactors(layer, buf, ctx));
     const size_t n = layer.NumElements();
     if (n == 0 || FallsBack(layer, step)) {
@@ -96,22 +128,27 @@ class Topk final : public Strategy {
     PSD_REQUIRE_ARG(k > 0 && k <= n, call, ": layer ", layer.name, ": k ", k, " for ", n,
                     " elements; expected 0 < k <= n");
     const double mom = layer.topk.momentum.value_or(0.0);
-    if (s->residual_.size() != n) s->residual_.assign(n, 0.0f);
-    if (mom > 0 && s->momentum_.size() != n) s->momentum_.assign(n, 0.0f);
+    const Kernels& kern = *ctx.kernels;
+    void* stream = ctx.call.stream;
+    // Residual and momentum are state: zero when first made (or when n changes).
+    PSD_CHECK(s->residual_.Reset(kern, n * sizeof(float)));
+    if (mom > 0) PSD_CHECK(s->momentum_.Reset(kern, n * sizeof(float)));
+    s->n_ = n;
+    s->has_momentum_ = mom > 0;
     s->k_ = k;
-    s->idx_.resize(k);
-    s->val_.resize(k);
+    PSD_CHECK(s->idx_.Grow(kern, k * 4));
+    PSD_CHECK(s->val_.Grow(kern, k * 4));
 
     // 2. Fused residual accumulation + exact top-k.
-    PSD_CHECK(ctx.kernels->FusedResidualTopK(buf.grad, s->residual_.data(),
-                                             mom > 0 ? s->momentum_.data() : nullptr,
-                                             static_cast<float>(mom), n, k, s->idx_.data(),
-                                             s->val_.data(), s->ws.get(), ctx.call.stream));
-    // 3. [indices | values] as 2k 32-bit words, one allgather.
-    s->send_.resize(2 * k);
-    PSD_CHECK(ctx.kernels->Pack({{s->idx_.data(), k * 4}, {s->val_.data(), k * 4}}, s->send_.data(),
-                                ctx.call.stream));
-    s->gathered_.resize(2 * k * static_cast<size_t>(world));
+    PSD_CHECK(kern.FusedResidualTopK(buf.grad, s->residual_.as<float>(),
+                                     mom > 0 ? s->momentum_.as<float>() : nullptr,
+                                     static_cast<float>(mom), n, k, s->idx_.as<uint32_t>(),
+                                     s->val_.as<float>(), s->ws.get(), stream));
+    // 3. [indices | values] as 2k 32-bit words, one allgather (byte copies, either memory).
+    PSD_CHECK(s->send_.Grow(kern, 2 * k * 4));
+    PSD_CHECK(
+        kern.Pack({{s->idx_.data(), k * 4}, {s->val_.data(), k * 4}}, s->send_.data(), stream));
+    PSD_CHECK(s->gathered_.Grow(kern, 2 * k * 4 * static_cast<size_t>(world)));
     PSD_CHECK(ctx.backend->AllGather(s->send_.data(), s->gathered_.data(), 2 * k, DType::kInt32,
                                      ctx.call));
     report->bytes_sent += CostModel::WireBytes(CollectiveKind::kAllGather, world,
@@ -119,15 +156,15 @@ class Topk final : public Strategy {
     // 4. Dense result, ranks added in order.
     PSD_CHECK(strategy_internal::Zero(buf.grad, n, ctx));
     // Each block is unpacked into typed arrays (a copy of 8k bytes) rather than reading the
-    // value words through a float pointer, which would break C++ aliasing rules.
-    s->peer_idx_.resize(k);
-    s->peer_val_.resize(k);
+    // value words through a float pointer, which would break C++ aliasing rules on the host.
+    PSD_CHECK(s->peer_idx_.Grow(kern, k * 4));
+    PSD_CHECK(s->peer_val_.Grow(kern, k * 4));
     for (int r = 0; r < world; ++r) {
-      const uint32_t* block = s->gathered_.data() + 2 * k * static_cast<size_t>(r);
-      PSD_CHECK(ctx.kernels->Unpack(
-          block, {{s->peer_idx_.data(), k * 4}, {s->peer_val_.data(), k * 4}}, ctx.call.stream));
-      PSD_CHECK(ctx.kernels->ScatterAdd(s->peer_idx_.data(), s->peer_val_.data(), k, buf.grad, n,
-                                        ctx.call.stream));
+      const auto* block = s->gathered_.as<const unsigned char>() + 8 * k * static_cast<size_t>(r);
+      PSD_CHECK(
+          kern.Unpack(block, {{s->peer_idx_.data(), k * 4}, {s->peer_val_.data(), k * 4}}, stream));
+      PSD_CHECK(kern.ScatterAdd(s->peer_idx_.as<uint32_t>(), s->peer_val_.as<float>(), k, buf.grad,
+                                n, stream));
     }
     // 5. Average or optimizer step.
     const float inv = 1.0f / static_cast<float>(world);

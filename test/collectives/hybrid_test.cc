@@ -636,9 +636,12 @@ TEST(Hybrid, MixedPlanRunsEveryStrategyInOneStep) {
 }
 
 TEST(Hybrid, ErrorsNameTheCallAndValue) {
+  // Device memory works where a GPU and CUDA are (test/gpu checks it); elsewhere Create says
+  // why there is no device backend, on every rank.
   auto dev = HybridCollective::Create(World(), MemoryKind::kDevice);
-  ASSERT_FALSE(dev.ok());
-  EXPECT_EQ(dev.status().code(), StatusCode::kUnimplemented);
+  if (!dev.ok()) {
+    EXPECT_EQ(dev.status().code(), StatusCode::kUnavailable) << dev.status().ToString();
+  }
   EXPECT_FALSE(HybridCollective::Create(nullptr).ok());
   auto h = MakeHybrid();
   std::vector<float> g(10);
