@@ -12,7 +12,8 @@
 //        shutdown flag     -> fail what is pending with kAborted and stop;
 //        otherwise run the layers ready everywhere, lowest index first (fusion.h decides
 //        fused / chunked / direct / strategy).
-//   5. Complete handles as their op finishes; publish timeline records.
+//   5. Complete handles as their op finishes (device memory: after recording the handle's
+//      event on the engine's stream); publish timeline records.
 // Every gather in step 4 is collective, and all ranks enter it because they read the same
 // reduced flags: that is how a disagreement becomes an error on every rank instead of a hang.
 #include "runtime/engine/engine.h"
@@ -98,10 +99,27 @@ Status Handle::Wait(double timeout_s) const {
 Status Handle::status() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_.load(std::memory_order_acquire)) {
-    return UnavailableError("Handle::status: layer ", layer_, " (", layer_name_, ") step ",
-                            step_, " is still pending; expected Test() to be true first");
+    return UnavailableError("Handle::status: layer ", layer_, " (", layer_name_, ") step ", step_,
+                            " is still pending; expected Test() to be true first");
   }
   return status_;
+}
+
+void* Handle::cuda_event() const {
+  if (!done_.load(std::memory_order_acquire) || done_event_ == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_.ok() ? done_event_->get() : nullptr;
+}
+
+Status Handle::WaitOnStream(void* stream, double timeout_s) const {
+  PSD_CHECK(Wait(timeout_s));
+  if (done_event_ == nullptr) return Status::Ok();  // host memory: the data is there
+  Status s = done_event_->OrderStream(stream);
+  if (!s.ok()) {
+    return s.WithPrefix(
+        StrCat("Handle::WaitOnStream: layer ", layer_, " (", layer_name_, ") step ", step_, ": "));
+  }
+  return Status::Ok();
 }
 
 void Handle::Complete(const Status& s) {
@@ -134,23 +152,40 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Communicator> com
                                                const EngineOptions& options) {
   PSD_REQUIRE_ARG(comm != nullptr, "Engine::Create: communicator is null");
   PSD_REQUIRE_ARG(collective != nullptr, "Engine::Create: collective is null");
-  PSD_REQUIRE_ARG(collective->has_plan(), "Engine::Create: the HybridCollective has no plan; "
+  PSD_REQUIRE_ARG(collective->has_plan(),
+                  "Engine::Create: the HybridCollective has no plan; "
                   "expected BuildPlan(batch) to have run on every rank first");
   PSD_REQUIRE_ARG(collective->world() == comm->size(), "Engine::Create: the collective spans ",
                   collective->world(), " ranks but the communicator ", comm->size(),
                   "; expected the communicator the collective was made on");
   PSD_CHECK(options.Validate());
+  PSD_REQUIRE_ARG(options.memory == collective->memory(), "Engine::Create: options.memory is ",
+                  MemoryKindName(options.memory), " but the collective works on ",
+                  MemoryKindName(collective->memory()),
+                  " memory; expected the memory kind the collective was made for");
   const int level = comm->mpi_thread_level();
   PSD_REQUIRE(level >= MPI_THREAD_SERIALIZED, StatusCode::kUnavailable,
               "Engine::Create: MPI provides thread level ", level,
               " but the engine's background thread needs at least MPI_THREAD_SERIALIZED (",
-              MPI_THREAD_SERIALIZED, "); initialize MPI with poseidon::InitMpi or "
+              MPI_THREAD_SERIALIZED,
+              "); initialize MPI with poseidon::InitMpi or "
               "MPI_Init_thread(MPI_THREAD_MULTIPLE)");
   if (level < MPI_THREAD_MULTIPLE && comm->rank() == 0) {
-    PSD_LOG(kWarn, "Engine: MPI provides only MPI_THREAD_SERIALIZED: no other thread may call "
-                   "MPI while the engine runs");
+    PSD_LOG(kWarn,
+            "Engine: MPI provides only MPI_THREAD_SERIALIZED: no other thread may call "
+            "MPI while the engine runs");
   }
   std::unique_ptr<Engine> e(new Engine(std::move(comm), collective, options));
+  PSD_ASSIGN_OR_RETURN(e->backend_, e->comm_->backend(options.memory));
+  e->kernels_ = &collective->kernels();
+  if (e->device()) {
+    // The engine thread works on the creator's device, on a stream of its own; the collective
+    // runs its kernels and device collectives there too while the engine lives.
+    PSD_ASSIGN_OR_RETURN(e->device_, engine::CurrentDevice());
+    PSD_ASSIGN_OR_RETURN(e->stream_, engine::Stream::Create());
+    e->previous_stream_ = collective->stream();
+    collective->set_stream(e->stream_->get());
+  }
   if (!options.timeline.empty()) {
     PSD_ASSIGN_OR_RETURN(e->timeline_,
                          Timeline::Open(options.timeline, e->comm_->rank(), e->comm_->size()));
@@ -198,6 +233,10 @@ HandlePtr Engine::Submit(int layer, float* grad, size_t count, int64_t step, Don
 HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallback done) {
   auto h = std::make_shared<Handle>(layer, step, LayerName(layer));
   h->callback_ = std::move(done);
+  // Device memory: capture the caller's stream now (the gradient is complete once the work
+  // queued there so far has run) and make the handle's completion event. Only the recording
+  // happens here: the host never waits for the device in Submit.
+  std::unique_ptr<engine::Event> ready;
   // Local checks: what only this rank can see. Agreement (count, dtype, order) is checked
   // across ranks by the engine, so that the error names every side.
   std::string err;
@@ -220,15 +259,40 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
     } else if (step < 0) {
       err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
                    ": expected a step >= 0");
+    } else if (!device() && g.stream != nullptr) {
+      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
+                   ": a stream was given but the engine works on host memory; expected a null "
+                   "stream (streams order device memory only)");
+    }
+  }
+  if (err.empty() && device()) {
+    Status es;
+    auto r = engine::Event::Create();
+    if (r.ok()) {
+      ready = std::move(*r);
+      es = ready->Record(g.stream);
+    } else {
+      es = r.status();
+    }
+    if (es.ok()) {
+      auto d = engine::Event::Create();
+      if (d.ok()) {
+        h->done_event_ = std::move(*d);
+      } else {
+        es = d.status();
+      }
+    }
+    if (!es.ok()) {
+      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step, ": ",
+                   es.message());
     }
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (!sticky_.ok() || stopped_ || shutdown_requested_) {
-    Status s = !sticky_.ok() ? sticky_
-                             : AbortedError("Engine::Submit: the engine was shut down");
+    Status s = !sticky_.ok() ? sticky_ : AbortedError("Engine::Submit: the engine was shut down");
     lock.unlock();
-    h->Complete(Status(s.code(), StrCat("layer ", layer, " (", LayerName(layer), ") step ",
-                                        step, ": ", s.message())));
+    h->Complete(Status(s.code(), StrCat("layer ", layer, " (", LayerName(layer), ") step ", step,
+                                        ": ", s.message())));
     return h;
   }
   if (!err.empty()) {
@@ -250,6 +314,7 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
   e.desc.strategy = static_cast<int64_t>(layer_strategy_[static_cast<size_t>(layer)]);
   e.desc.factors = (g.u != nullptr && g.v != nullptr) ? 1 : 0;
   e.submit_us = NowUs();
+  e.ready = std::move(ready);
   incoming_.push_back(std::move(e));
   lock.unlock();
   cv_.notify_one();
@@ -259,8 +324,9 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
 Status Engine::Shutdown() {
   std::lock_guard<std::mutex> serial(shutdown_mu_);
   if (thread_.joinable() && std::this_thread::get_id() == thread_.get_id()) {
-    return InvalidArgument("Engine::Shutdown: called from the engine thread (a completion "
-                           "callback); expected a user thread");
+    return InvalidArgument(
+        "Engine::Shutdown: called from the engine thread (a completion "
+        "callback); expected a user thread");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -268,6 +334,14 @@ Status Engine::Shutdown() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (stream_ != nullptr) {
+    // Whatever the engine queued has finished before the collective goes back to its own
+    // stream (the buffers belong to the caller again).
+    Status w = stream_->Synchronize();
+    if (!w.ok()) PSD_LOG(kWarn, w.message());
+    hc_->set_stream(previous_stream_);
+    previous_stream_ = nullptr;
+  }
   if (timeline_) {
     Status t = timeline_->Close();
     if (!t.ok()) PSD_LOG(kWarn, t.message());
@@ -309,6 +383,15 @@ std::string Engine::timeline_file() const { return timeline_ ? timeline_->file()
 // Engine thread
 
 void Engine::Loop() {
+  if (device()) {
+    // CUDA's current device is per thread: use the one the engine was created on.
+    Status s = engine::UseDevice(device_);
+    if (!s.ok()) {
+      // Every rank must stop together: report it through the first cycle's error flag.
+      exec_error_ = StrCat("engine thread: ", s.message());
+      exec_error_code_ = s.code();
+    }
+  }
   while (Cycle()) {
   }
   if (timeline_) timeline_->Publish();
@@ -333,9 +416,9 @@ void Engine::Fail(const Status& s, bool clean) {
     q.clear();
   }
   for (auto& e : pending) {
-    e.handle->Complete(Status(s.code(), StrCat("layer ", e.desc.layer, " (",
-                                               LayerName(static_cast<int>(e.desc.layer)),
-                                               ") step ", e.desc.step, ": ", s.message())));
+    e.handle->Complete(Status(
+        s.code(), StrCat("layer ", e.desc.layer, " (", LayerName(static_cast<int>(e.desc.layer)),
+                         ") step ", e.desc.step, ": ", s.message())));
   }
 }
 
@@ -422,8 +505,8 @@ bool Engine::Cycle() {
     }
     if (stall_abort) {
       Fail(TimeoutError("Engine: stall abort: layers submitted on some ranks but not on others "
-                        "for more than POSEIDON_STALL_ABORT_S=", options_.stall_abort_s,
-                        " s: ", *what,
+                        "for more than POSEIDON_STALL_ABORT_S=",
+                        options_.stall_abort_s, " s: ", *what,
                         " (a rank skipped a layer, stopped submitting, or is far behind)"),
            false);
       return false;
@@ -431,12 +514,12 @@ bool Engine::Cycle() {
     counters_.stall_warnings.fetch_add(1, std::memory_order_relaxed);
     for (int l : stalled) stall_warned_[static_cast<size_t>(l)] = true;
     if (comm_->rank() == 0) {
-      PSD_LOG(kWarn, "Engine: stall: waiting more than POSEIDON_STALL_WARN_S=",
-              options_.stall_warn_s, " s: ", *what,
-              (options_.stall_abort_s > 0
-                   ? StrCat("; the engine fails after POSEIDON_STALL_ABORT_S=",
-                            options_.stall_abort_s, " s")
-                   : std::string()));
+      PSD_LOG(
+          kWarn, "Engine: stall: waiting more than POSEIDON_STALL_WARN_S=", options_.stall_warn_s,
+          " s: ", *what,
+          (options_.stall_abort_s > 0 ? StrCat("; the engine fails after POSEIDON_STALL_ABORT_S=",
+                                               options_.stall_abort_s, " s")
+                                      : std::string()));
     }
   }
   if (r.flag(engine::kFlagShutdown)) {
@@ -455,8 +538,8 @@ bool Engine::Cycle() {
 
 Status Engine::Negotiate() {
   MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Iallreduce(send_vec_->data(), recv_vec_->data(), send_vec_->size(),
-                          MPI_UINT64_T, MPI_BOR, comm_->mpi_comm(), &req);
+  int rc = MPI_Iallreduce(send_vec_->data(), recv_vec_->data(), send_vec_->size(), MPI_UINT64_T,
+                          MPI_BOR, comm_->mpi_comm(), &req);
   if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Iallreduce (negotiation)", rc);
   // The other ranks may be asleep for up to one cycle, or busy in user code: poll with growing
   // sleeps so that oversubscribed ranks leave the cores to those doing work.
@@ -480,8 +563,10 @@ Status Engine::Negotiate() {
       // MPI still owns the buffers of the abandoned request: keep them alive forever.
       (void)send_vec_.release();
       (void)recv_vec_.release();
-      return TimeoutError("Engine: rank ", comm_->rank(), ": the other ranks' engines did not "
-                          "answer the negotiation for ", waited_s,
+      return TimeoutError("Engine: rank ", comm_->rank(),
+                          ": the other ranks' engines did not "
+                          "answer the negotiation for ",
+                          waited_s,
                           " s (a rank exited, never created its engine, or is stuck); "
                           "limit 2 x POSEIDON_STALL_ABORT_S + 5 s");
     }
@@ -564,8 +649,8 @@ Result<std::string> Engine::GatherStall(const std::vector<int>& layers) {
   std::vector<uint64_t> mine = send_vec_->MaskWords();
   const int w = static_cast<int>(mine.size());
   std::vector<uint64_t> all(static_cast<size_t>(w) * static_cast<size_t>(world));
-  int rc = MPI_Allgather(mine.data(), w, MPI_UINT64_T, all.data(), w, MPI_UINT64_T,
-                         comm_->mpi_comm());
+  int rc =
+      MPI_Allgather(mine.data(), w, MPI_UINT64_T, all.data(), w, MPI_UINT64_T, comm_->mpi_comm());
   if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Allgather (stall masks)", rc);
   std::vector<std::vector<uint64_t>> masks(static_cast<size_t>(world));
   for (int i = 0; i < world; ++i) {
@@ -578,26 +663,31 @@ Result<std::string> Engine::GatherStall(const std::vector<int>& layers) {
 // Running the agreed layers
 
 void Engine::Record(const Entry& e, const char* name, double begin_us, double end_us) {
-  if (timeline_) timeline_->Span(static_cast<int>(e.desc.layer), name, e.desc.step, begin_us,
-                                 end_us);
+  if (timeline_)
+    timeline_->Span(static_cast<int>(e.desc.layer), name, e.desc.step, begin_us, end_us);
 }
 
 void Engine::Finish(Entry* e, const Status& s) {
   if (timeline_) {
-    timeline_->Instant(static_cast<int>(e->desc.layer), s.ok() ? "done" : "failed",
-                       e->desc.step, NowUs());
+    timeline_->Instant(static_cast<int>(e->desc.layer), s.ok() ? "done" : "failed", e->desc.step,
+                       NowUs());
   }
-  if (s.ok()) {
+  Status st = e->local_error.ok() ? s : e->local_error;
+  if (st.ok() && e->handle->done_event_ != nullptr) {
+    // The handle's event follows the exchange on the engine's stream.
+    st = e->handle->done_event_->Record(stream_->get());
+  }
+  if (st.ok()) {
     counters_.completed.fetch_add(1, std::memory_order_relaxed);
   } else if (!in_agreed_check_) {
     // A failure inside an exchange may be this rank's alone: report it next cycle so that
     // every rank stops together.
     exec_error_ += StrCat(exec_error_.empty() ? "" : "; ", "layer ", e->desc.layer, " (",
-                          LayerName(static_cast<int>(e->desc.layer)), ") step ", e->desc.step,
-                          ": ", s.message());
-    if (exec_error_code_ == StatusCode::kOk) exec_error_code_ = s.code();
+                          LayerName(static_cast<int>(e->desc.layer)), ") step ", e->desc.step, ": ",
+                          st.message());
+    if (exec_error_code_ == StatusCode::kOk) exec_error_code_ = st.code();
   }
-  e->handle->Complete(s);
+  e->handle->Complete(st);
 }
 
 void Engine::RunReady(const std::vector<int>& layers) {
@@ -605,7 +695,6 @@ void Engine::RunReady(const std::vector<int>& layers) {
   // descriptors agree).
   std::vector<Entry> entries;
   std::vector<engine::WorkItem> items;
-  const bool host = options_.memory == MemoryKind::kHost;
   for (int l : layers) {
     auto& q = queues_[static_cast<size_t>(l)];
     Entry e = std::move(q.front());
@@ -619,14 +708,27 @@ void Engine::RunReady(const std::vector<int>& layers) {
     const DType dt = layer_dtype_[static_cast<size_t>(l)];
     Status bad;
     if (e.desc.count != static_cast<int64_t>(n)) {
-      bad = InvalidArgument("Engine::Submit: layer ", l, " (", LayerName(l), ") step ",
-                            e.desc.step, ": count ", e.desc.count, " on every rank, but the "
-                            "layer has ", n, " elements; expected ", n);
+      bad = InvalidArgument("Engine::Submit: layer ", l, " (", LayerName(l), ") step ", e.desc.step,
+                            ": count ", e.desc.count,
+                            " on every rank, but the "
+                            "layer has ",
+                            n, " elements; expected ", n);
     } else if (static_cast<DType>(e.desc.dtype) != dt) {
-      bad = InvalidArgument("Engine::Submit: layer ", l, " (", LayerName(l), ") step ",
-                            e.desc.step, ": dtype ", DTypeName(static_cast<DType>(e.desc.dtype)),
+      bad = InvalidArgument("Engine::Submit: layer ", l, " (", LayerName(l), ") step ", e.desc.step,
+                            ": dtype ", DTypeName(static_cast<DType>(e.desc.dtype)),
                             " on every rank, but the layer is ", DTypeName(dt), "; expected ",
                             DTypeName(dt));
+    }
+    if (bad.ok() && e.ready != nullptr) {
+      // The engine's stream waits for the caller's gradient on the device, not the host.
+      Status order = e.ready->OrderStream(stream_->get());
+      // A failure here is this rank's alone: it still takes part in the exchange (the others
+      // would wait for it otherwise) after a host wait, and its handle fails with the error,
+      // which Finish reports to every rank.
+      if (!order.ok()) {
+        Status host_wait = e.ready->Synchronize();
+        e.local_error = host_wait.ok() ? order : host_wait;
+      }
     }
     if (!bad.ok()) {
       // Agreed by every rank, and nothing was exchanged: fail this handle only.
@@ -638,13 +740,18 @@ void Engine::RunReady(const std::vector<int>& layers) {
     engine::WorkItem item;
     item.layer = l;
     item.bytes = n * DTypeSize(dt);
-    item.fusible = host && dt == DType::kFloat32 &&
+    // Dense allreduce layers are summed by the engine itself, with or without an optimizer:
+    // the collective finishes them (FinishDenseSum) exactly as its own exchange would.
+    item.fusible = dt == DType::kFloat32 &&
                    layer_strategy_[static_cast<size_t>(l)] == StrategyKind::kAllReduce &&
-                   !layer_optimizer_[static_cast<size_t>(l)] && e.desc.factors == 0;
+                   e.desc.factors == 0;
     items.push_back(item);
     entries.push_back(std::move(e));
   }
-  const auto ops = engine::PlanOps(items, options_.fusion_bytes, options_.chunk_bytes);
+  // Chunks need the backend's non-blocking allreduce on host memory; device layers are fused
+  // or run whole (their stream keeps the device busy without a host pipeline).
+  const auto ops =
+      engine::PlanOps(items, options_.fusion_bytes, device() ? 0 : options_.chunk_bytes);
   for (const auto& op : ops) {
     switch (op.kind) {
       case engine::OpKind::kFused: {
@@ -666,12 +773,22 @@ void Engine::RunReady(const std::vector<int>& layers) {
   }
 }
 
-Status Engine::FinishAverage(float* data, size_t n) const {
-  // The same operation DenseAllReduce applies (grad *= 1/P in float32), so fused, chunked and
-  // unfused exchanges give bitwise identical results.
-  const float inv = 1.0f / static_cast<float>(comm_->size());
-  for (size_t i = 0; i < n; ++i) data[i] *= inv;
-  return Status::Ok();
+Status Engine::FinishSum(Entry* e) {
+  // The same operation DenseAllReduce applies after its sum (grad *= 1/P, or the optimizer
+  // step with 1/P fused in), so fused, chunked and unfused exchanges give bitwise identical
+  // results.
+  ExchangeBuffers b;
+  b.grad = static_cast<float*>(e->grad.data);
+  b.params = e->grad.params;
+  return hc_->FinishDenseSum(static_cast<int>(e->desc.layer), b, e->desc.step);
+}
+
+void Engine::CountTraffic(const Entry& e) {
+  // A ring allreduce's wire bytes are linear in its size, so a layer's share of a fused or
+  // chunked allreduce is what its own allreduce would send.
+  const double bytes = CostModel::WireBytes(CollectiveKind::kAllReduce, comm_->size(),
+                                            4.0 * static_cast<double>(e.desc.count));
+  hc_->AddTraffic(static_cast<int>(e.desc.layer), bytes, bytes);
 }
 
 void Engine::RunFused(std::vector<Entry*>& group) {
@@ -684,21 +801,32 @@ void Engine::RunFused(std::vector<Entry*>& group) {
     out.push_back(ByteRange{e->grad.data, bytes});
     total += static_cast<size_t>(e->desc.count);
   }
-  if (fusion_buf_.size() < total) fusion_buf_.resize(total);
-  const Kernels& k = CpuKernels();
-  const double t0 = NowUs();
-  Status s = k.Pack(in, fusion_buf_.data(), nullptr);
-  const double t1 = NowUs();
-  if (s.ok()) {
-    s = comm_->host_backend().AllReduce(fusion_buf_.data(), fusion_buf_.data(), total,
-                                        DType::kFloat32);
+  const Kernels& k = *kernels_;
+  CallOptions call;
+  call.memory = options_.memory;
+  call.stream = stream_ ? stream_->get() : nullptr;
+  Status s;
+  if (fusion_buf_ == nullptr || fusion_buf_->bytes() < total * sizeof(float)) {
+    fusion_buf_.reset();
+    auto r = k.Allocate(total * sizeof(float));
+    if (r.ok()) {
+      fusion_buf_ = std::move(*r);
+    } else {
+      s = r.status();
+    }
   }
+  float* buf = fusion_buf_ ? fusion_buf_->as<float>() : nullptr;
+  const double t0 = NowUs();
+  if (s.ok()) s = k.Pack(in, buf, call.stream);
+  const double t1 = NowUs();
+  if (s.ok()) s = backend_->AllReduce(buf, buf, total, DType::kFloat32, call);
   const double t2 = NowUs();
-  if (s.ok()) s = k.Unpack(fusion_buf_.data(), out, nullptr);
+  if (s.ok()) s = k.Unpack(buf, out, call.stream);
   if (s.ok()) {
     for (Entry* e : group) {
-      s = FinishAverage(static_cast<float*>(e->grad.data), static_cast<size_t>(e->desc.count));
+      s = FinishSum(e);
       if (!s.ok()) break;
+      CountTraffic(*e);
     }
   }
   const double t3 = NowUs();
@@ -707,7 +835,7 @@ void Engine::RunFused(std::vector<Entry*>& group) {
   for (Entry* e : group) {
     Record(*e, "pack", t0, t1);
     Record(*e, "allreduce(fused)", t1, t2);
-    Record(*e, "unpack+scale", t2, t3);
+    Record(*e, "unpack+finish", t2, t3);
     Finish(e, s.ok() ? s : s.WithPrefix("fused allreduce: "));
   }
 }
@@ -715,17 +843,21 @@ void Engine::RunFused(std::vector<Entry*>& group) {
 void Engine::RunDirect(Entry* e) {
   float* data = static_cast<float*>(e->grad.data);
   const size_t n = static_cast<size_t>(e->desc.count);
+  CallOptions call;
+  call.memory = options_.memory;
+  call.stream = stream_ ? stream_->get() : nullptr;
   const double t0 = NowUs();
   Status s;
   if (n > 0) {
-    s = comm_->host_backend().AllReduce(data, data, n, DType::kFloat32);
+    s = backend_->AllReduce(data, data, n, DType::kFloat32, call);
   }
   const double t1 = NowUs();
-  if (s.ok()) s = FinishAverage(data, n);
+  if (s.ok()) s = FinishSum(e);
+  if (s.ok()) CountTraffic(*e);
   const double t2 = NowUs();
   counters_.direct_layers.fetch_add(1, std::memory_order_relaxed);
   Record(*e, "allreduce", t0, t1);
-  Record(*e, "scale", t1, t2);
+  Record(*e, "finish", t1, t2);
   Finish(e, s);
 }
 
@@ -736,7 +868,10 @@ void Engine::RunChunked(Entry* e) {
   const size_t chunk_elems =
       std::max<size_t>(1, static_cast<size_t>(options_.chunk_bytes) / sizeof(float));
   const auto ranges = engine::ChunkRanges(n, chunk_elems);
-  Backend& be = comm_->host_backend();
+  // With an optimizer the step runs once over the whole layer after the last chunk (its state
+  // spans the layer); without one each chunk is averaged while the next is in flight.
+  const bool optimizer = layer_optimizer_[static_cast<size_t>(e->desc.layer)];
+  Backend& be = *backend_;
   auto post = [&](size_t i) -> Result<std::unique_ptr<Request>> {
     return be.IAllReduce(data + ranges[i].first, data + ranges[i].first,
                          ranges[i].second - ranges[i].first, DType::kFloat32);
@@ -764,7 +899,10 @@ void Engine::RunChunked(Entry* e) {
     Status w = current->Wait();
     const double t1 = NowUs();
     if (s.ok()) s = w;
-    if (s.ok()) s = FinishAverage(data + ranges[i].first, ranges[i].second - ranges[i].first);
+    if (s.ok() && !optimizer) {
+      s = kernels_->Scale(data + ranges[i].first, ranges[i].second - ranges[i].first,
+                          1.0f / static_cast<float>(comm_->size()), nullptr);
+    }
     const double t2 = NowUs();
     Record(*e, "allreduce(chunk)", posted, t1);
     Record(*e, "scale(chunk)", t1, t2);
@@ -774,6 +912,8 @@ void Engine::RunChunked(Entry* e) {
   }
   // Never leave a posted request behind: MPI may still be writing into the gradient.
   if (current) (void)current->Wait();
+  if (s.ok() && optimizer) s = FinishSum(e);
+  if (s.ok()) CountTraffic(*e);
   counters_.chunked_layers.fetch_add(1, std::memory_order_relaxed);
   Finish(e, s.ok() ? s : s.WithPrefix("chunked allreduce: "));
 }

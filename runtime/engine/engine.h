@@ -38,12 +38,26 @@
 // may keep calling MPI on their own communicators; with MPI_THREAD_SERIALIZED it runs but logs
 // that the user must not call MPI at all while it runs; below that Create fails (kUnavailable).
 //
-// Memory: fusion and chunking (host memory only) work on float32 dense allreduce layers with no
-// optimizer; other layers (and device memory) run whole through HybridCollective::Exchange.
-// Fused and single layers use the backend's blocking AllReduce (its shared-memory path on one
-// node); chunks use IAllReduce so chunk i+1 is in flight while chunk i is scaled. With Open MPI
-// 4.1.4 on one node the non-blocking path is slower than the shared-memory one, so there
-// POSEIDON_CHUNK_BYTES=0 is the faster choice (bench/overlap measures both).
+// Fusion and chunking: float32 dense allreduce layers (no factors), with or without an
+// optimizer, are summed by the engine itself (fusion buffer, chunks, or alone on their own
+// buffer); the collective then finishes each layer (HybridCollective::FinishDenseSum: the 1/P
+// average, or the optimizer step with the average fused in) and counts its traffic
+// (AddTraffic), so fused and unfused runs give bitwise identical results, optimizer included.
+// Other layers run whole through HybridCollective::Exchange. Fused and single layers use the
+// backend's blocking AllReduce (its shared-memory path on one node); chunks (host memory only)
+// use IAllReduce so chunk i+1 is in flight while chunk i is scaled (layers with an optimizer
+// take their step once, after the last chunk). With Open MPI 4.1.4 on one node the
+// non-blocking path is slower than the shared-memory one, so there POSEIDON_CHUNK_BYTES=0 is
+// the faster choice (bench/overlap measures both).
+//
+// Device memory (EngineOptions::memory == kDevice, the collective made for device memory):
+// the engine owns a CUDA stream and runs every exchange on it (the collective's stream is set
+// to it while the engine runs). Submit records a ready event on the caller's stream
+// (Gradient::stream); the engine thread makes its stream wait for that event on the device
+// (the caller's host never blocks), runs the exchange, and records the handle's completion
+// event on its stream. A device handle completes (Test / Wait / callback) once the exchange is
+// queued on the engine's stream; the data is there once cuda_event() has fired, so order the
+// consumer's stream after it (Handle::WaitOnStream, or cudaStreamWaitEvent yourself).
 // Buffers passed to Submit must stay valid and untouched until the handle completes.
 #pragma once
 
@@ -62,6 +76,7 @@
 #include "runtime/communicator.h"
 #include "runtime/dtype.h"
 #include "runtime/engine/negotiation.h"
+#include "runtime/engine/stream_sync.h"
 #include "runtime/engine/timeline.h"
 #include "runtime/status.h"
 
@@ -69,12 +84,12 @@ namespace poseidon {
 
 // Settings of one engine; FromSettings reads the POSEIDON_* values.
 struct EngineOptions {
-  long long fusion_bytes = 4 << 20;   // POSEIDON_FUSION_BYTES (0: no fusion)
-  long long chunk_bytes = 16 << 20;   // POSEIDON_CHUNK_BYTES (0: no chunking)
-  double stall_warn_s = 60;           // POSEIDON_STALL_WARN_S (0: never warn)
-  double stall_abort_s = 300;         // POSEIDON_STALL_ABORT_S (0: never abort)
-  long long cycle_us = 1000;          // POSEIDON_CYCLE_US
-  std::string timeline;               // POSEIDON_TIMELINE ("" = off)
+  long long fusion_bytes = 4 << 20;       // POSEIDON_FUSION_BYTES (0: no fusion)
+  long long chunk_bytes = 16 << 20;       // POSEIDON_CHUNK_BYTES (0: no chunking)
+  double stall_warn_s = 60;               // POSEIDON_STALL_WARN_S (0: never warn)
+  double stall_abort_s = 300;             // POSEIDON_STALL_ABORT_S (0: never abort)
+  long long cycle_us = 1000;              // POSEIDON_CYCLE_US
+  std::string timeline;                   // POSEIDON_TIMELINE ("" = off)
   MemoryKind memory = MemoryKind::kHost;  // where the submitted buffers live (as the collective)
 
   static Result<EngineOptions> FromSettings();
@@ -89,14 +104,17 @@ using DoneCallback = std::function<void(const Status&)>;
 
 // What one Submit hands over. Pointers must stay valid until the handle completes.
 struct Gradient {
-  void* data = nullptr;   // the gradient (count elements of dtype); the averaged result lands
-                          // here (with an optimizer: scratch, params hold the result)
-  size_t count = 0;       // must equal the layer's element count on every rank
+  void* data = nullptr;  // the gradient (count elements of dtype); the averaged result lands
+                         // here (with an optimizer: scratch, params hold the result)
+  size_t count = 0;      // must equal the layer's element count on every rank
   DType dtype = DType::kFloat32;
-  float* params = nullptr;      // required when the layer has an optimizer
-  const float* u = nullptr;     // sufficient factors (fully connected layers), batch x M
-  const float* v = nullptr;     // batch x N
-  size_t batch = 0;             // factor rows
+  float* params = nullptr;   // required when the layer has an optimizer
+  const float* u = nullptr;  // sufficient factors (fully connected layers), batch x M
+  const float* v = nullptr;  // batch x N
+  size_t batch = 0;          // factor rows
+  // Device memory: the caller's cudaStream_t that produces the gradient (null: the default
+  // stream). The exchange starts after the work queued on it before Submit.
+  void* stream = nullptr;
 };
 
 // Shared completion state of one submission. Thread-safe: any thread may Test, Wait or read
@@ -115,6 +133,16 @@ class Handle {
   // The final status once Test() is true; while pending, kUnavailable saying so.
   Status status() const;
 
+  // Device memory: the cudaEvent_t recorded on the engine's stream after this exchange, once
+  // Test() is true and the exchange succeeded; null otherwise (pending, failed, host memory).
+  // Valid while the handle lives.
+  void* cuda_event() const;
+  // Device memory: waits (host) until the exchange is queued, then orders `stream` (a
+  // cudaStream_t, null: the default stream) after its completion on the device, so work
+  // queued there later sees the result; the host never waits for the transfer itself. Host
+  // memory: the same as Wait(timeout_s).
+  Status WaitOnStream(void* stream, double timeout_s = -1) const;
+
  private:
   friend class Engine;
   // Sets the final status (first call wins), wakes waiters, then runs the callback.
@@ -124,6 +152,8 @@ class Handle {
   const int64_t step_;
   const std::string layer_name_;
   DoneCallback callback_;  // set before the handle is shared; run once by Complete
+  // Device memory: recorded on the engine's stream before Complete (set before sharing).
+  std::unique_ptr<engine::Event> done_event_;
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
@@ -133,15 +163,15 @@ using HandlePtr = std::shared_ptr<Handle>;
 
 // Counters for tests and tools (monotonic; read any time).
 struct EngineStats {
-  int64_t cycles = 0;          // negotiation rounds
-  int64_t completed = 0;       // handles completed successfully
-  int64_t fused_groups = 0;    // fusion-buffer allreduces (2+ layers)
-  int64_t fused_layers = 0;    // layers exchanged inside them
-  int64_t chunked_layers = 0;  // layers cut into chunks
-  int64_t chunks = 0;          // chunk allreduces
-  int64_t direct_layers = 0;   // fusible layers exchanged alone
-  int64_t strategy_layers = 0; // layers run through HybridCollective::Exchange
-  int64_t stall_warnings = 0;  // stall warnings raised (every rank counts them)
+  int64_t cycles = 0;           // negotiation rounds
+  int64_t completed = 0;        // handles completed successfully
+  int64_t fused_groups = 0;     // fusion-buffer allreduces (2+ layers)
+  int64_t fused_layers = 0;     // layers exchanged inside them
+  int64_t chunked_layers = 0;   // layers cut into chunks
+  int64_t chunks = 0;           // chunk allreduces
+  int64_t direct_layers = 0;    // fusible layers exchanged alone
+  int64_t strategy_layers = 0;  // layers run through HybridCollective::Exchange
+  int64_t stall_warnings = 0;   // stall warnings raised (every rank counts them)
 };
 
 class Engine {
@@ -185,6 +215,8 @@ class Engine {
     Gradient grad;
     engine::Descriptor desc;
     double submit_us = 0;
+    std::unique_ptr<engine::Event> ready;  // device memory: recorded on the caller's stream
+    Status local_error;  // a failure on this rank before the exchange (reported by Finish)
   };
   struct Counters {
     std::atomic<int64_t> cycles{0}, completed{0}, fused_groups{0}, fused_layers{0},
@@ -208,7 +240,11 @@ class Engine {
   void RunDirect(Entry* e);
   void RunChunked(Entry* e);
   void RunStrategy(Entry* e);
-  Status FinishAverage(float* data, size_t n) const;
+  // The collective's local tail for a layer the engine summed (average or optimizer step),
+  // and its traffic.
+  Status FinishSum(Entry* e);
+  void CountTraffic(const Entry& e);
+  bool device() const { return options_.memory == MemoryKind::kDevice; }
   // Completes the entry's handle; a failure is also reported to the other ranks next cycle.
   void Finish(Entry* e, const Status& s);
   std::string LayerName(int layer) const;
@@ -225,30 +261,35 @@ class Engine {
   std::vector<bool> layer_optimizer_;
   std::vector<StrategyKind> layer_strategy_;
   std::unique_ptr<engine::Timeline> timeline_;
+  Backend* backend_ = nullptr;              // the communicator's backend for options_.memory
+  const Kernels* kernels_ = nullptr;        // the collective's kernels
+  std::unique_ptr<engine::Stream> stream_;  // device memory: the engine's stream
+  int device_ = -1;                         // device memory: the CUDA device of the creator
+  void* previous_stream_ = nullptr;         // the collective's stream before the engine
 
   // Shared between user threads and the engine thread.
   // Lock order: mu_ before Handle::mu_ is never needed: handles are completed with mu_
   // released. mu_ is never held while calling MPI, the collective or a callback.
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Entry> incoming_;           // guarded by mu_
-  std::vector<std::string> local_errors_; // guarded by mu_: invalid submissions to report
-  int64_t next_seq_ = 0;                  // guarded by mu_
-  bool shutdown_requested_ = false;       // guarded by mu_
-  bool stopped_ = false;                  // guarded by mu_: the engine thread has finished
-  Status sticky_;                         // guarded by mu_
-  bool clean_shutdown_ = false;           // guarded by mu_: sticky_ came from a shutdown
-  std::mutex shutdown_mu_;                // serializes Shutdown callers (taken before mu_)
+  std::vector<Entry> incoming_;            // guarded by mu_
+  std::vector<std::string> local_errors_;  // guarded by mu_: invalid submissions to report
+  int64_t next_seq_ = 0;                   // guarded by mu_
+  bool shutdown_requested_ = false;        // guarded by mu_
+  bool stopped_ = false;                   // guarded by mu_: the engine thread has finished
+  Status sticky_;                          // guarded by mu_
+  bool clean_shutdown_ = false;            // guarded by mu_: sticky_ came from a shutdown
+  std::mutex shutdown_mu_;                 // serializes Shutdown callers (taken before mu_)
 
   // Engine thread only.
-  std::vector<std::deque<Entry>> queues_;   // per layer, FIFO
-  std::vector<double> stall_since_us_;      // per layer: when it became ready somewhere only
+  std::vector<std::deque<Entry>> queues_;  // per layer, FIFO
+  std::vector<double> stall_since_us_;     // per layer: when it became ready somewhere only
   std::vector<bool> stall_warned_;
-  std::vector<float> fusion_buf_;
-  std::string exec_error_;                  // a local failure to report next cycle
+  std::unique_ptr<KernelBuffer> fusion_buf_;  // from the collective's kernels (host / device)
+  std::string exec_error_;                    // a local failure to report next cycle
   StatusCode exec_error_code_ = StatusCode::kOk;
   bool ran_last_cycle_ = false;
-  bool in_agreed_check_ = false;            // failing an entry every rank fails alike
+  bool in_agreed_check_ = false;  // failing an entry every rank fails alike
   // Negotiation buffers live on the heap and are released only once the request completed,
   // so an abandoned request (timeout) never writes into freed memory.
   std::unique_ptr<engine::NegotiationVector> send_vec_, recv_vec_;

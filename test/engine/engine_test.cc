@@ -2,6 +2,8 @@
 // (r + 1) * f(i) with small integers f(i), so every sum is exact in float32 and the average is
 // sum * (1/P) computed once, the same float operation as the dense strategy: results compare
 // with == (bitwise) whether the engine fused, chunked or ran a layer alone.
+#include "runtime/engine/engine.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -16,7 +19,6 @@
 #include <vector>
 
 #include "collectives/hybrid.h"
-#include "runtime/engine/engine.h"
 #include "runtime/settings.h"
 #include "test/mpi_test_main.h"
 
@@ -102,8 +104,7 @@ TEST(Engine, HandleWaitTestStatusAndCallback) {
   EXPECT_EQ(h1->step(), 0);
 
   EXPECT_EQ(h1->Wait(0.05).code(), StatusCode::kTimeout);
-  EXPECT_NE(h1->Wait(0.0).message().find("layer 1 (l1) step 0 is not complete"),
-            std::string::npos);
+  EXPECT_NE(h1->Wait(0.0).message().find("layer 1 (l1) step 0 is not complete"), std::string::npos);
   EXPECT_FALSE(h1->Test());
   EXPECT_EQ(h1->status().code(), StatusCode::kUnavailable);
   EXPECT_NE(h1->status().message().find("still pending"), std::string::npos);
@@ -204,17 +205,174 @@ TEST(Engine, MatchesHybridCollectiveExchange) {
   EXPECT_EQ(g, ref);
 }
 
+// Dense allreduce layers with an optimizer are fused / chunked too: the engine sums them and the
+// collective finishes them (FinishDenseSum). Parameters must match, bitwise, a run of
+// HybridCollective::Exchange alone, and the traffic counters must count every layer.
+struct OptLayer {
+  size_t n;
+  OptimizerSpec::Kind kind;
+};
+
+std::unique_ptr<HybridCollective> MakeOptCollective(const std::vector<OptLayer>& layers) {
+  auto hc = HybridCollective::Create(World());
+  EXPECT_TRUE(hc.ok()) << hc.status().ToString();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerSpec s;
+    s.name = "o" + std::to_string(i);
+    s.shape = {layers[i].n};
+    s.force = StrategyKind::kAllReduce;
+    if (layers[i].kind == OptimizerSpec::Kind::kSgd) {
+      s.optimizer = OptimizerSpec::Sgd(SgdParams{0.05f, 0.9f, 0.01f, false});
+    } else if (layers[i].kind == OptimizerSpec::Kind::kAdam) {
+      s.optimizer = OptimizerSpec::Adam(AdamParams{});
+    }
+    EXPECT_TRUE((*hc)->RegisterLayer(s).ok());
+  }
+  Status st = (*hc)->BuildPlan(32, CostModel::Network(25e-6, 1.25e9), PlannerOptions{});
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return std::move(*hc);
+}
+
+std::vector<float> Params(size_t n, size_t layer) {
+  std::vector<float> w(n);
+  for (size_t i = 0; i < n; ++i) w[i] = 0.01f * static_cast<float>((i * 3 + layer) % 11) - 0.05f;
+  return w;
+}
+
+const std::vector<OptLayer> kOptLayers = {
+    {1001, OptimizerSpec::Kind::kSgd},  {7, OptimizerSpec::Kind::kAdam},
+    {5000, OptimizerSpec::Kind::kAdam}, {3, OptimizerSpec::Kind::kNone},
+    {2000, OptimizerSpec::Kind::kSgd},  {1, OptimizerSpec::Kind::kNone}};  // the last: the gate
+
+void CheckOptimizerFusion(const EngineOptions& o, int steps, EngineStats* stats) {
+  const int me = World()->rank();
+  const size_t L = kOptLayers.size(), gate = L - 1;
+  // Reference: the collective alone.
+  auto ref_hc = MakeOptCollective(kOptLayers);
+  std::vector<std::vector<float>> ref_w(L), ref_g(L);
+  for (size_t l = 0; l < L; ++l) ref_w[l] = Params(kOptLayers[l].n, l);
+  for (int step = 0; step < steps; ++step) {
+    for (size_t l = L; l-- > 0;) {
+      ref_g[l] = Grad(kOptLayers[l].n, me, step);
+      ExchangeBuffers b;
+      b.grad = ref_g[l].data();
+      b.params = ref_w[l].data();
+      ASSERT_TRUE(ref_hc->Exchange(static_cast<int>(l), b, step).ok());
+    }
+  }
+  // The engine, with the step's layers reaching it together (the gate's callback holds it).
+  auto hc = MakeOptCollective(kOptLayers);
+  auto engine = MakeEngine(hc.get(), o);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::vector<float>> w(L), g(L);
+  for (size_t l = 0; l < L; ++l) w[l] = Params(kOptLayers[l].n, l);
+  std::vector<HandlePtr> h(L);
+  for (int step = 0; step < steps; ++step) {
+    std::promise<void> release;
+    std::shared_future<void> opened = release.get_future().share();
+    for (size_t l = L; l-- > 0;) {
+      g[l] = Grad(kOptLayers[l].n, me, step);
+      Gradient gr;
+      gr.data = g[l].data();
+      gr.count = g[l].size();
+      gr.params = kOptLayers[l].kind == OptimizerSpec::Kind::kNone ? nullptr : w[l].data();
+      DoneCallback cb;
+      if (l == gate) cb = [opened](const Status&) { opened.wait(); };
+      h[l] = engine->Submit(static_cast<int>(l), gr, step, cb);
+    }
+    release.set_value();
+    for (size_t l = 0; l < L; ++l) ASSERT_TRUE(h[l]->Wait(30).ok()) << h[l]->status().ToString();
+  }
+  *stats = engine->stats();
+  ASSERT_TRUE(engine->Shutdown().ok());
+  for (size_t l = 0; l < L; ++l) {
+    const bool opt = kOptLayers[l].kind != OptimizerSpec::Kind::kNone;
+    const auto& got = opt ? w[l] : g[l];
+    const auto& want = opt ? ref_w[l] : ref_g[l];
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "layer " << l << " differs from HybridCollective::Exchange";
+    // Every exchange counted, at the dense allreduce's bytes.
+    const Traffic& t = hc->LayerTraffic(static_cast<int>(l));
+    const double wire = CostModel::WireBytes(CollectiveKind::kAllReduce, World()->size(),
+                                             4.0 * static_cast<double>(kOptLayers[l].n));
+    EXPECT_EQ(t.exchanges, steps) << "layer " << l;
+    EXPECT_DOUBLE_EQ(t.bytes_sent, steps * wire) << "layer " << l;
+    EXPECT_DOUBLE_EQ(t.dense_bytes, steps * wire) << "layer " << l;
+    EXPECT_DOUBLE_EQ(t.bytes_sent, ref_hc->LayerTraffic(static_cast<int>(l)).bytes_sent);
+  }
+  EXPECT_EQ(hc->TotalTraffic().exchanges, static_cast<int64_t>(L) * steps);
+}
+
+TEST(Engine, FusedWithOptimizerMatchesExchangeBitwise) {
+  EngineStats st;
+  CheckOptimizerFusion(Options(64 << 10, 0), 3, &st);
+  EXPECT_GT(st.fused_groups, 0);
+  EXPECT_GE(st.fused_layers, 2 * st.fused_groups);
+  EXPECT_EQ(st.strategy_layers, 0);  // every layer summed by the engine
+}
+
+TEST(Engine, ChunkedWithOptimizerMatchesExchangeBitwise) {
+  EngineStats st;
+  // 4 KiB chunks: 5000 floats (Adam) -> 5 chunks, 2000 floats (SGD) -> 2 chunks; the optimizer
+  // runs once, after the last chunk.
+  CheckOptimizerFusion(Options(0, 4 << 10), 2, &st);
+  EXPECT_EQ(st.chunked_layers, 2 * 2);
+  EXPECT_EQ(st.chunks, 2 * (5 + 2));
+}
+
+TEST(Engine, UnfusedWithOptimizerMatchesExchangeBitwise) {
+  EngineStats st;
+  CheckOptimizerFusion(Options(0, 0), 2, &st);
+  EXPECT_EQ(st.direct_layers, static_cast<int64_t>(kOptLayers.size()) * 2);
+}
+
+// A host engine has no streams or events: a stream is refused (on every rank, which made the
+// same mistake), handles carry no event, and a device engine cannot run on a host collective.
+TEST(Engine, HostMemoryHasNoStreams) {
+  auto hc = MakeCollective({4});
+  EngineOptions dev = Options(0, 0);
+  dev.memory = MemoryKind::kDevice;
+  auto bad = Engine::Create(World(), hc.get(), dev);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("options.memory is device but the collective works on "
+                                        "host memory"),
+            std::string::npos)
+      << bad.status().ToString();
+
+  auto engine = MakeEngine(hc.get(), Options(0, 0));
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> a = Grad(4, World()->rank(), 0);
+  HandlePtr ok = engine->Submit(0, a.data(), 4, 0);
+  ASSERT_TRUE(ok->WaitOnStream(nullptr, 30).ok());  // host: the same as Wait
+  EXPECT_EQ(ok->cuda_event(), nullptr);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(a[i], Expected(i, World()->size(), 0));
+  Gradient g;
+  g.data = a.data();
+  g.count = 4;
+  int fake_stream = 0;
+  g.stream = &fake_stream;
+  HandlePtr h = engine->Submit(0, g, 1);
+  Status s = h->Wait(30);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("a stream was given but the engine works on host memory"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(h->cuda_event(), nullptr);
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kInvalidArgument);
+}
+
 // Every handle of `handles` fails with `code` and a message holding every piece of `parts`,
 // within `limit_s` of `start`.
 void ExpectAllFail(const std::vector<HandlePtr>& handles, StatusCode code,
-                   const std::vector<std::string>& parts, Clock::time_point start,
-                   double limit_s) {
+                   const std::vector<std::string>& parts, Clock::time_point start, double limit_s) {
   for (const auto& h : handles) {
     Status s = h->Wait(limit_s + 5);
     EXPECT_EQ(s.code(), code) << s.ToString();
     for (const auto& p : parts) {
-      EXPECT_NE(s.message().find(p), std::string::npos) << "missing '" << p << "' in "
-                                                        << s.ToString();
+      EXPECT_NE(s.message().find(p), std::string::npos)
+          << "missing '" << p << "' in " << s.ToString();
     }
   }
   EXPECT_LT(Seconds(start), limit_s);
@@ -298,8 +456,8 @@ TEST(Engine, DifferentDtypeFailsEveryRank) {
   g.dtype = me == 0 ? DType::kFloat64 : DType::kFloat32;
   auto start = Clock::now();
   HandlePtr h = engine->Submit(0, g, 0);
-  ExpectAllFail({h}, StatusCode::kMismatch, {"layer 0 (l0)", "dtype", "float64", "float32"},
-                start, 5);
+  ExpectAllFail({h}, StatusCode::kMismatch, {"layer 0 (l0)", "dtype", "float64", "float32"}, start,
+                5);
   EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
 }
 
@@ -420,8 +578,7 @@ TEST(Engine, StallWarnsThenAborts) {
     EXPECT_NE(text.str().find("Engine: stall: waiting more than POSEIDON_STALL_WARN_S=0.3"),
               std::string::npos)
         << text.str();
-    EXPECT_NE(text.str().find(StrCat("missing on ranks ", P - 1)), std::string::npos)
-        << text.str();
+    EXPECT_NE(text.str().find(StrCat("missing on ranks ", P - 1)), std::string::npos) << text.str();
   }
 }
 
@@ -441,9 +598,8 @@ TEST(Engine, ShutdownFailsPendingWork) {
   // have been taken in layer 0's cycle.
   while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::atomic<bool> cb1{false};
-  HandlePtr h1 = engine->Submit(1, g1.data(), g1.size(), 0, [&](const Status& s) {
-    cb1 = s.code() == StatusCode::kAborted;
-  });
+  HandlePtr h1 = engine->Submit(1, g1.data(), g1.size(), 0,
+                                [&](const Status& s) { cb1 = s.code() == StatusCode::kAborted; });
   Status shut;
   std::thread closer([&] { shut = engine->Shutdown(); });
   // Once Shutdown has been asked for, status() says so; then let the engine thread go on.

@@ -1,0 +1,121 @@
+// CUDA runtime calls for the engine's stream ordering (see stream_sync.h); without CUDA in the
+// build, every entry point reports kUnavailable.
+#include "runtime/engine/stream_sync.h"
+
+#include "runtime/build_config.h"
+#if POSEIDON_CUDA_ENABLED
+#include <cuda_runtime_api.h>
+
+#include "runtime/cuda_util.h"
+#endif
+
+namespace poseidon::engine {
+
+#if POSEIDON_CUDA_ENABLED
+
+namespace {
+cudaStream_t AsStream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t AsEvent(void* e) { return static_cast<cudaEvent_t>(e); }
+}  // namespace
+
+bool StreamSyncBuilt() { return true; }
+
+Result<int> CurrentDevice() {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status(StatusCode::kUnavailable, CudaStatus(err, "Engine: cudaGetDevice").message());
+  }
+  return device;
+}
+
+Status UseDevice(int device) {
+  return CudaStatus(cudaSetDevice(device), StrCat("Engine: cudaSetDevice(", device, ")").c_str());
+}
+
+Result<std::unique_ptr<Stream>> Stream::Create() {
+  std::unique_ptr<Stream> s(new Stream());
+  cudaStream_t st = nullptr;
+  PSD_CHECK(CudaStatus(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking),
+                       "Engine: cudaStreamCreateWithFlags"));
+  s->stream_ = st;
+  return s;
+}
+
+Stream::~Stream() {
+  if (stream_ != nullptr) {
+    (void)cudaStreamSynchronize(AsStream(stream_));
+    (void)cudaStreamDestroy(AsStream(stream_));
+  }
+}
+
+Status Stream::Synchronize() const {
+  return CudaStatus(cudaStreamSynchronize(AsStream(stream_)), "Engine: cudaStreamSynchronize");
+}
+
+Result<std::unique_ptr<Event>> Event::Create() {
+  std::unique_ptr<Event> e(new Event());
+  cudaEvent_t ev = nullptr;
+  PSD_CHECK(CudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
+                       "Engine: cudaEventCreateWithFlags"));
+  e->event_ = ev;
+  return e;
+}
+
+Event::~Event() {
+  // Safe while captured work is pending: the runtime releases the event once it completes.
+  if (event_ != nullptr) (void)cudaEventDestroy(AsEvent(event_));
+}
+
+Status Event::Record(void* stream) {
+  return CudaStatus(cudaEventRecord(AsEvent(event_), AsStream(stream)), "Engine: cudaEventRecord");
+}
+
+Status Event::OrderStream(void* stream) const {
+  return CudaStatus(cudaStreamWaitEvent(AsStream(stream), AsEvent(event_), 0),
+                    "Engine: cudaStreamWaitEvent");
+}
+
+Result<bool> Event::Query() const {
+  cudaError_t err = cudaEventQuery(AsEvent(event_));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return CudaStatus(err, "Engine: cudaEventQuery");
+}
+
+Status Event::Synchronize() const {
+  return CudaStatus(cudaEventSynchronize(AsEvent(event_)), "Engine: cudaEventSynchronize");
+}
+
+#else  // no CUDA in this build
+
+namespace {
+Status NoCuda(const char* what) {
+  return UnavailableError("Engine: ", what,
+                          ": this build has no CUDA (POSEIDON_WITH_CUDA=OFF); expected host "
+                          "memory, or a build with CUDA for device memory");
+}
+}  // namespace
+
+bool StreamSyncBuilt() { return false; }
+Result<int> CurrentDevice() { return NoCuda("the current CUDA device"); }
+Status UseDevice(int) { return NoCuda("selecting a CUDA device"); }
+
+Result<std::unique_ptr<Stream>> Stream::Create() { return NoCuda("a CUDA stream"); }
+Stream::~Stream() = default;
+Status Stream::Synchronize() const { return NoCuda("synchronizing a CUDA stream"); }
+
+Result<std::unique_ptr<Event>> Event::Create() { return NoCuda("a CUDA event"); }
+Event::~Event() = default;
+Status Event::Record(void*) { return NoCuda("recording a CUDA event"); }
+Status Event::OrderStream(void*) const { return NoCuda("ordering a stream after an event"); }
+Result<bool> Event::Query() const { return NoCuda("querying a CUDA event"); }
+Status Event::Synchronize() const { return NoCuda("synchronizing a CUDA event"); }
+
+#endif
+
+}  // namespace poseidon::engine
