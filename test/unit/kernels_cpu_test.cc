@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -187,8 +188,8 @@ TEST_P(TopKIsaTest, MatchesBruteForceOverSizesAndData) {
   auto ws = K().NewWorkspace();  // one workspace for every size: reuse across n
   uint32_t seed = 1;
   for (size_t n : {size_t{1}, size_t{2}, size_t{7}, size_t{1000}, size_t{9000}}) {
-    for (Data data : {Data::kNormal, Data::kFewLevels, Data::kNaNs, Data::kZeros,
-                      Data::kNegative}) {
+    for (Data data :
+         {Data::kNormal, Data::kFewLevels, Data::kNaNs, Data::kZeros, Data::kNegative}) {
       for (bool momentum : {false, true}) {
         TopKCase c = MakeCase(n, data, momentum, seed++);
         std::vector<size_t> ks = {1, n, std::max<size_t>(1, n / 2), std::max<size_t>(1, n / 100),
@@ -278,8 +279,8 @@ TEST(TopK, ConservationOverSteps) {
       std::vector<float> before = residual, update(n);
       for (size_t i = 0; i < n; ++i) update[i] = with_momentum ? m * mom[i] + grad[i] : grad[i];
       ASSERT_TRUE(K().FusedResidualTopK(grad.data(), residual.data(),
-                                        with_momentum ? mom.data() : nullptr, m, n, k,
-                                        idx.data(), val.data(), ws.get(), nullptr)
+                                        with_momentum ? mom.data() : nullptr, m, n, k, idx.data(),
+                                        val.data(), ws.get(), nullptr)
                       .ok());
       std::vector<float> sent(n, 0.0f);
       ASSERT_TRUE(std::is_sorted(idx.begin(), idx.end()));
@@ -300,48 +301,39 @@ TEST(TopK, BadArguments) {
   std::vector<uint32_t> idx(11);
   std::vector<float> val(11);
   auto ws = K().NewWorkspace();
-  auto run = [&](const float* gp, float* rp, float* mp, float m, size_t n, size_t k,
-                 uint32_t* ip, float* vp, KernelWorkspace* w) {
+  auto run = [&](const float* gp, float* rp, float* mp, float m, size_t n, size_t k, uint32_t* ip,
+                 float* vp, KernelWorkspace* w) {
     return K().FusedResidualTopK(gp, rp, mp, m, n, k, ip, vp, w, nullptr);
   };
   const StatusCode kArg = StatusCode::kInvalidArgument;
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 0, idx.data(), val.data(),
-                           ws.get()),
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 0, idx.data(), val.data(), ws.get()),
                        kArg, {"FusedResidualTopK", "k is 0", "n = 10"}));
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 11, idx.data(), val.data(),
-                           ws.get()),
-                       kArg, {"FusedResidualTopK", "k is 11", "n is 10"}));
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 0, 1, idx.data(), val.data(),
-                           ws.get()),
+  EXPECT_TRUE(
+      HasError(run(g.data(), r.data(), nullptr, 0, 10, 11, idx.data(), val.data(), ws.get()), kArg,
+               {"FusedResidualTopK", "k is 11", "n is 10"}));
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 0, 1, idx.data(), val.data(), ws.get()),
                        kArg, {"k is 1", "n is 0"}));
-  EXPECT_TRUE(HasError(run(nullptr, r.data(), nullptr, 0, 10, 1, idx.data(), val.data(),
-                           ws.get()),
+  EXPECT_TRUE(HasError(run(nullptr, r.data(), nullptr, 0, 10, 1, idx.data(), val.data(), ws.get()),
                        kArg, {"grad is null", "n = 10"}));
-  EXPECT_TRUE(HasError(run(g.data(), nullptr, nullptr, 0, 10, 1, idx.data(), val.data(),
-                           ws.get()),
+  EXPECT_TRUE(HasError(run(g.data(), nullptr, nullptr, 0, 10, 1, idx.data(), val.data(), ws.get()),
                        kArg, {"residual is null"}));
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, nullptr, val.data(),
-                           ws.get()),
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, nullptr, val.data(), ws.get()),
                        kArg, {"out_idx is null", "k = 1"}));
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), nullptr,
-                           ws.get()),
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), nullptr, ws.get()),
                        kArg, {"out_val is null"}));
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0.9f, 10, 1, idx.data(), val.data(),
-                           ws.get()),
-                       kArg, {"momentum is 0.9", "momentum_buf is null"}));
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), mom.data(), std::nanf(""), 10, 1, idx.data(),
-                           val.data(), ws.get()),
-                       kArg, {"momentum is nan"}));
-  EXPECT_TRUE(HasError(run(g.data(), g.data(), nullptr, 0, 10, 1, idx.data(), val.data(),
-                           ws.get()),
+  EXPECT_TRUE(
+      HasError(run(g.data(), r.data(), nullptr, 0.9f, 10, 1, idx.data(), val.data(), ws.get()),
+               kArg, {"momentum is 0.9", "momentum_buf is null"}));
+  EXPECT_TRUE(HasError(
+      run(g.data(), r.data(), mom.data(), std::nanf(""), 10, 1, idx.data(), val.data(), ws.get()),
+      kArg, {"momentum is nan"}));
+  EXPECT_TRUE(HasError(run(g.data(), g.data(), nullptr, 0, 10, 1, idx.data(), val.data(), ws.get()),
                        kArg, {"distinct"}));
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), val.data(),
-                           nullptr),
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), val.data(), nullptr),
                        kArg, {"workspace is null"}));
   struct OtherWorkspace : KernelWorkspace {};
   OtherWorkspace other;
-  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), val.data(),
-                           &other),
+  EXPECT_TRUE(HasError(run(g.data(), r.data(), nullptr, 0, 10, 1, idx.data(), val.data(), &other),
                        kArg, {"another Kernels implementation"}));
   // Nothing was modified by the failed calls.
   EXPECT_EQ(r, std::vector<float>(10, 0.0f));
@@ -354,9 +346,8 @@ TEST(ScatterAdd, AddsWithDuplicates) {
   std::vector<float> dense = {1, 2, 3, 4, 5};
   std::vector<uint32_t> idx = {4, 0, 4, 2, 4};
   std::vector<float> val = {10, 20, 30, 0.5f, -1};
-  ASSERT_TRUE(K().ScatterAdd(idx.data(), val.data(), idx.size(), dense.data(), dense.size(),
-                             nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      K().ScatterAdd(idx.data(), val.data(), idx.size(), dense.data(), dense.size(), nullptr).ok());
   EXPECT_EQ(dense, (std::vector<float>{21, 2, 3.5f, 4, 44}));
   EXPECT_TRUE(K().ScatterAdd(nullptr, nullptr, 0, nullptr, 0, nullptr).ok());  // empty is fine
 }
@@ -414,31 +405,31 @@ TEST(SufficientFactorGemm, MatchesNaiveTripleLoop) {
 
 TEST(SufficientFactorGemm, NoFactorsScalesByBeta) {
   std::vector<float> g = {1, -2, std::nanf(""), 4};
-  ASSERT_TRUE(K().SufficientFactorGemm(nullptr, nullptr, 0, 2, 2, 1.0f, 0.5f, g.data(), nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      K().SufficientFactorGemm(nullptr, nullptr, 0, 2, 2, 1.0f, 0.5f, g.data(), nullptr).ok());
   EXPECT_EQ(g[0], 0.5f);
   EXPECT_EQ(g[1], -1.0f);
   EXPECT_EQ(g[3], 2.0f);
-  ASSERT_TRUE(K().SufficientFactorGemm(nullptr, nullptr, 0, 2, 2, 1.0f, 0.0f, g.data(), nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      K().SufficientFactorGemm(nullptr, nullptr, 0, 2, 2, 1.0f, 0.0f, g.data(), nullptr).ok());
   EXPECT_EQ(g, std::vector<float>(4, 0.0f));  // beta = 0 overwrites, even NaN
 }
 
 TEST(SufficientFactorGemm, BadArguments) {
   std::vector<float> u(6), v(6), g(4);
   const StatusCode kArg = StatusCode::kInvalidArgument;
-  EXPECT_TRUE(HasError(K().SufficientFactorGemm(nullptr, v.data(), 3, 2, 2, 1, 0, g.data(),
-                                                nullptr),
-                       kArg, {"SufficientFactorGemm", "u is null", "rows = 3"}));
-  EXPECT_TRUE(HasError(K().SufficientFactorGemm(u.data(), nullptr, 3, 2, 2, 1, 0, g.data(),
-                                                nullptr),
-                       kArg, {"v is null"}));
-  EXPECT_TRUE(HasError(K().SufficientFactorGemm(u.data(), v.data(), 3, 2, 2, 1, 0, nullptr,
-                                                nullptr),
-                       kArg, {"g is null"}));
-  EXPECT_TRUE(HasError(K().SufficientFactorGemm(u.data(), v.data(), size_t{1} << 33, 2, 2, 1, 0,
-                                                g.data(), nullptr),
-                       kArg, {"rows = 8589934592", "BLAS"}));
+  EXPECT_TRUE(
+      HasError(K().SufficientFactorGemm(nullptr, v.data(), 3, 2, 2, 1, 0, g.data(), nullptr), kArg,
+               {"SufficientFactorGemm", "u is null", "rows = 3"}));
+  EXPECT_TRUE(
+      HasError(K().SufficientFactorGemm(u.data(), nullptr, 3, 2, 2, 1, 0, g.data(), nullptr), kArg,
+               {"v is null"}));
+  EXPECT_TRUE(
+      HasError(K().SufficientFactorGemm(u.data(), v.data(), 3, 2, 2, 1, 0, nullptr, nullptr), kArg,
+               {"g is null"}));
+  EXPECT_TRUE(HasError(
+      K().SufficientFactorGemm(u.data(), v.data(), size_t{1} << 33, 2, 2, 1, 0, g.data(), nullptr),
+      kArg, {"rows = 8589934592", "BLAS"}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -448,15 +439,14 @@ TEST(Cast, HalfAndBFloat16ToFloatExhaustive) {
   std::vector<uint16_t> all(65536);
   std::iota(all.begin(), all.end(), uint16_t{0});
   std::vector<float> out(65536);
-  ASSERT_TRUE(K().Cast(all.data(), DType::kFloat16, out.data(), DType::kFloat32, all.size(),
-                       nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      K().Cast(all.data(), DType::kFloat16, out.data(), DType::kFloat32, all.size(), nullptr).ok());
   for (uint32_t h = 0; h < 65536; ++h) {
     ASSERT_EQ(FloatBits(out[h]), FloatBits(HalfToFloat(static_cast<uint16_t>(h)))) << h;
   }
-  ASSERT_TRUE(K().Cast(all.data(), DType::kBFloat16, out.data(), DType::kFloat32, all.size(),
-                       nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      K().Cast(all.data(), DType::kBFloat16, out.data(), DType::kFloat32, all.size(), nullptr)
+          .ok());
   for (uint32_t h = 0; h < 65536; ++h) {
     ASSERT_EQ(FloatBits(out[h]), FloatBits(BFloat16ToFloat(static_cast<uint16_t>(h)))) << h;
   }
@@ -478,15 +468,14 @@ TEST(Cast, FloatToHalfAndBFloat16MatchScalarReference) {
   // The subnormal half range, exhaustively in its top bits and with random low bits.
   for (uint32_t e = 0x33000000u; e < 0x38800000u; e += 0x101u) src.push_back(BitsToFloat(e));
   std::vector<uint16_t> out(src.size());
-  ASSERT_TRUE(K().Cast(src.data(), DType::kFloat32, out.data(), DType::kFloat16, src.size(),
-                       nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      K().Cast(src.data(), DType::kFloat32, out.data(), DType::kFloat16, src.size(), nullptr).ok());
   for (size_t i = 0; i < src.size(); ++i) {
     ASSERT_EQ(out[i], FloatToHalf(src[i])) << std::hex << FloatBits(src[i]);
   }
-  ASSERT_TRUE(K().Cast(src.data(), DType::kFloat32, out.data(), DType::kBFloat16, src.size(),
-                       nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      K().Cast(src.data(), DType::kFloat32, out.data(), DType::kBFloat16, src.size(), nullptr)
+          .ok());
   for (size_t i = 0; i < src.size(); ++i) {
     ASSERT_EQ(out[i], FloatToBFloat16(src[i])) << std::hex << FloatBits(src[i]);
   }
@@ -499,14 +488,14 @@ TEST(Cast, SameTypeCopyAndErrors) {
   std::vector<float> f(4, 1.0f);
   std::vector<uint16_t> h(4);
   const StatusCode kArg = StatusCode::kInvalidArgument;
-  EXPECT_TRUE(HasError(K().Cast(h.data(), DType::kFloat16, h.data() + 0, DType::kBFloat16, 2,
-                                nullptr),
-                       kArg, {"Cast", "float16 -> bfloat16 is not supported"}));
+  EXPECT_TRUE(
+      HasError(K().Cast(h.data(), DType::kFloat16, h.data() + 0, DType::kBFloat16, 2, nullptr),
+               kArg, {"Cast", "float16 -> bfloat16 is not supported"}));
   EXPECT_TRUE(HasError(K().Cast(f.data(), DType::kInt32, f.data(), DType::kFloat32, 4, nullptr),
                        kArg, {"int32 -> float32 is not supported"}));
-  EXPECT_TRUE(HasError(K().Cast(f.data(), static_cast<DType>(42), h.data(), DType::kFloat16, 4,
-                                nullptr),
-                       kArg, {"unknown dtype 42"}));
+  EXPECT_TRUE(
+      HasError(K().Cast(f.data(), static_cast<DType>(42), h.data(), DType::kFloat16, 4, nullptr),
+               kArg, {"unknown dtype 42"}));
   EXPECT_TRUE(HasError(K().Cast(nullptr, DType::kFloat32, h.data(), DType::kFloat16, 4, nullptr),
                        kArg, {"src is null", "count = 4"}));
   EXPECT_TRUE(HasError(K().Cast(f.data(), DType::kFloat32, nullptr, DType::kFloat16, 4, nullptr),
@@ -537,8 +526,8 @@ TEST(PackUnpack, RoundTrip) {
                        {"dst is null", "8 bytes"}));
   EXPECT_TRUE(HasError(K().Unpack(fused.data(), {{a2.data(), 3}, {nullptr, 2}}, nullptr),
                        StatusCode::kInvalidArgument, {"Unpack", "parts[1].data is null"}));
-  EXPECT_TRUE(HasError(K().Unpack(nullptr, {{a2.data(), 3}}, nullptr),
-                       StatusCode::kInvalidArgument, {"src is null", "3 bytes"}));
+  EXPECT_TRUE(HasError(K().Unpack(nullptr, {{a2.data(), 3}}, nullptr), StatusCode::kInvalidArgument,
+                       {"src is null", "3 bytes"}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -571,9 +560,9 @@ TEST(SgdStep, MatchesScalarFormulaOverSteps) {
         std::vector<float> ref_p = param, ref_v = vel;
         for (int step = 0; step < 4; ++step) {
           std::vector<float> g = MakePieces(num, n, stride, 50 + step);
-          ASSERT_TRUE(K().SgdStep(param.data(), g.data(), num, stride, scale, vel.data(), n, p,
-                                  nullptr)
-                          .ok());
+          ASSERT_TRUE(
+              K().SgdStep(param.data(), g.data(), num, stride, scale, vel.data(), n, p, nullptr)
+                  .ok());
           for (size_t i = 0; i < n; ++i) {  // same float operations in the same order
             float s = g[i];
             for (int q = 1; q < num; ++q) s += g[q * stride + i];
@@ -626,8 +615,8 @@ TEST(AdamStep, MatchesFormulaOverSteps) {
       for (int64_t step = 1; step <= 5; ++step) {
         p.step = step;
         std::vector<float> g = MakePieces(num, n, stride, 90 + step);
-        ASSERT_TRUE(K().AdamStep(param.data(), g.data(), num, stride, scale, m.data(), v.data(),
-                                 n, p, nullptr)
+        ASSERT_TRUE(K().AdamStep(param.data(), g.data(), num, stride, scale, m.data(), v.data(), n,
+                                 p, nullptr)
                         .ok());
         for (size_t i = 0; i < n; ++i) {  // the formula, in double precision
           double s = 0.0;
@@ -661,8 +650,8 @@ TEST(OptimizerSteps, BadArguments) {
                        kArg, {"grads is null"}));
   EXPECT_TRUE(HasError(K().SgdStep(nullptr, g.data(), 1, 4, 1, vel.data(), 4, sp, nullptr), kArg,
                        {"param is null"}));
-  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, 1, nullptr, 4, sp, nullptr),
-                       kArg, {"velocity is null", "momentum is 0.9"}));
+  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, 1, nullptr, 4, sp, nullptr), kArg,
+                       {"velocity is null", "momentum is 0.9"}));
   SgdParams bad = sp;
   bad.lr = -1.0f;
   EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, 1, vel.data(), 4, bad, nullptr),
@@ -672,31 +661,31 @@ TEST(OptimizerSteps, BadArguments) {
   bad.nesterov = true;
   EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, 1, vel.data(), 4, bad, nullptr),
                        kArg, {"nesterov needs momentum > 0"}));
-  EXPECT_TRUE(HasError(K().SgdStep(param.data(), g.data(), 1, 4, std::nanf(""), vel.data(), 4,
-                                   sp, nullptr),
-                       kArg, {"grad_scale is nan"}));
+  EXPECT_TRUE(
+      HasError(K().SgdStep(param.data(), g.data(), 1, 4, std::nanf(""), vel.data(), 4, sp, nullptr),
+               kArg, {"grad_scale is nan"}));
   AdamParams ap;
-  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, nullptr, v.data(), 4, ap,
-                                    nullptr),
-                       kArg, {"AdamStep", "m (first moment) is null"}));
-  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), nullptr, 4, ap,
-                                    nullptr),
-                       kArg, {"v (second moment) is null"}));
+  EXPECT_TRUE(
+      HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, nullptr, v.data(), 4, ap, nullptr),
+               kArg, {"AdamStep", "m (first moment) is null"}));
+  EXPECT_TRUE(
+      HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), nullptr, 4, ap, nullptr),
+               kArg, {"v (second moment) is null"}));
   AdamParams bad_adam = ap;
   bad_adam.step = 0;
-  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4,
-                                    bad_adam, nullptr),
-                       kArg, {"step is 0"}));
+  EXPECT_TRUE(HasError(
+      K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4, bad_adam, nullptr), kArg,
+      {"step is 0"}));
   bad_adam = ap;
   bad_adam.beta1 = 1.0f;
-  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4,
-                                    bad_adam, nullptr),
-                       kArg, {"beta1 is 1"}));
+  EXPECT_TRUE(HasError(
+      K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4, bad_adam, nullptr), kArg,
+      {"beta1 is 1"}));
   bad_adam = ap;
   bad_adam.eps = -1e-8f;
-  EXPECT_TRUE(HasError(K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4,
-                                    bad_adam, nullptr),
-                       kArg, {"eps is"}));
+  EXPECT_TRUE(HasError(
+      K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4, bad_adam, nullptr), kArg,
+      {"eps is"}));
 }
 
 TEST(SumInto, SumsPiecesInPlaceAndOut) {
@@ -720,6 +709,89 @@ TEST(SumInto, SumsPiecesInPlaceAndOut) {
                        StatusCode::kInvalidArgument, {"grads is null"}));
   EXPECT_TRUE(HasError(K().SumInto(dst.data(), src.data(), -1, stride, n, nullptr),
                        StatusCode::kInvalidArgument, {"num is -1"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory: Allocate, Scale, Fill, Copy, Synchronize
+
+TEST(Allocate, ZeroFilledAlignedHostMemory) {
+  for (size_t bytes :
+       {size_t{1}, size_t{4}, size_t{63}, size_t{64}, size_t{4001}, size_t{1} << 20}) {
+    auto buf = K().Allocate(bytes);
+    ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+    ASSERT_NE((*buf)->data(), nullptr);
+    EXPECT_EQ((*buf)->bytes(), bytes);
+    EXPECT_EQ((*buf)->memory(), MemoryKind::kHost);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*buf)->data()) % 64, 0u) << bytes;
+    const auto* p = (*buf)->as<unsigned char>();
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(p[i], 0) << "byte " << i << " of " << bytes;
+    std::memset((*buf)->data(), 0xab, bytes);  // the whole range is writable
+  }
+  auto empty = K().Allocate(0);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ((*empty)->data(), nullptr);
+  EXPECT_EQ((*empty)->bytes(), 0u);
+  auto huge = K().Allocate(SIZE_MAX - 8);
+  EXPECT_TRUE(HasError(huge.status(), StatusCode::kInvalidArgument, {"Allocate", "bytes"}));
+}
+
+TEST(Scale, OneMultiplyPerElementBitwise) {
+  std::vector<float> x = {1.0f,  -3.0f, 0.1f, 1e-30f, std::numeric_limits<float>::infinity(),
+                          -0.0f, 7.0f};
+  const float inv = 1.0f / 3.0f;
+  std::vector<float> want = x;
+  for (float& v : want) v = v * inv;
+  ASSERT_TRUE(K().Scale(x.data(), x.size(), inv, nullptr).ok());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(SameBits(x[i], want[i])) << i;
+  // Only the first n change.
+  std::vector<float> y = {2.0f, 2.0f, 2.0f};
+  ASSERT_TRUE(K().Scale(y.data(), 2, 0.5f, nullptr).ok());
+  EXPECT_EQ(y, (std::vector<float>{1.0f, 1.0f, 2.0f}));
+  EXPECT_TRUE(K().Scale(nullptr, 0, 2.0f, nullptr).ok());
+  EXPECT_TRUE(HasError(K().Scale(nullptr, 3, 2.0f, nullptr), StatusCode::kInvalidArgument,
+                       {"Scale", "data is null", "n = 3"}));
+  EXPECT_TRUE(HasError(K().Scale(y.data(), 3, std::numeric_limits<float>::quiet_NaN(), nullptr),
+                       StatusCode::kInvalidArgument, {"Scale", "scale is nan", "finite"}));
+  EXPECT_TRUE(HasError(K().Scale(y.data(), 3, std::numeric_limits<float>::infinity(), nullptr),
+                       StatusCode::kInvalidArgument, {"scale is inf"}));
+}
+
+TEST(Fill, WritesTheValueToTheFirstN) {
+  std::vector<float> x(9, 5.0f);
+  ASSERT_TRUE(K().Fill(x.data(), 7, -0.25f, nullptr).ok());
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(x[i], -0.25f);
+  EXPECT_EQ(x[7], 5.0f);
+  EXPECT_EQ(x[8], 5.0f);
+  ASSERT_TRUE(K().Fill(x.data(), 9, 0.0f, nullptr).ok());
+  for (float v : x) EXPECT_TRUE(SameBits(v, 0.0f));
+  EXPECT_TRUE(K().Fill(nullptr, 0, 1.0f, nullptr).ok());
+  EXPECT_TRUE(HasError(K().Fill(nullptr, 2, 1.0f, nullptr), StatusCode::kInvalidArgument,
+                       {"Fill", "n = 2"}));
+}
+
+TEST(Copy, BytesBetweenDisjointRanges) {
+  std::vector<unsigned char> src(1000), dst(1000, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+  ASSERT_TRUE(K().Copy(dst.data() + 1, src.data() + 2, 997, nullptr).ok());
+  EXPECT_EQ(dst[0], 0);
+  for (size_t i = 0; i < 997; ++i) ASSERT_EQ(dst[i + 1], src[i + 2]) << i;
+  EXPECT_EQ(dst[998], 0);
+  EXPECT_TRUE(K().Copy(dst.data(), dst.data(), 1000, nullptr).ok());  // dst == src: nothing
+  EXPECT_TRUE(K().Copy(nullptr, nullptr, 0, nullptr).ok());
+  EXPECT_TRUE(HasError(K().Copy(nullptr, src.data(), 4, nullptr), StatusCode::kInvalidArgument,
+                       {"Copy", "dst is null", "4 bytes"}));
+  EXPECT_TRUE(HasError(K().Copy(dst.data(), nullptr, 4, nullptr), StatusCode::kInvalidArgument,
+                       {"Copy", "src is null"}));
+  EXPECT_TRUE(HasError(K().Copy(dst.data() + 10, dst.data(), 100, nullptr),
+                       StatusCode::kInvalidArgument, {"Copy", "overlap", "10 bytes apart"}));
+  // Into and out of an allocated buffer.
+  auto buf = K().Allocate(1000);
+  ASSERT_TRUE(buf.ok());
+  ASSERT_TRUE(K().Copy((*buf)->data(), src.data(), 1000, nullptr).ok());
+  std::vector<unsigned char> back(1000);
+  ASSERT_TRUE(K().Copy(back.data(), (*buf)->data(), 1000, nullptr).ok());
+  EXPECT_TRUE(K().Synchronize(nullptr).ok());
+  EXPECT_EQ(back, src);
 }
 
 // ---------------------------------------------------------------------------------------------
