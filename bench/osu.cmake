@@ -17,3 +17,10 @@ endfunction()
 psd_add_osu_bench(osu_allreduce osu/osu_allreduce.cc)
 psd_add_osu_bench(osu_reduce_scatter osu/osu_reduce_scatter.cc)
 psd_add_osu_bench(osu_allgather osu/osu_allgather.cc)
+
+# The sparse top-k exchange of one layer and the hybrid exchange of a model's layer table,
+# through HybridCollective, against MPI_Allreduce of the same dense gradients:
+#   mpirun -np 4 --oversubscribe build/bench/osu/osu_topk -m 4K:64M -D 0.001 -f
+#   mpirun -np 4 --oversubscribe build/bench/osu/osu_hybrid --model resnet152 --scale 0.25 -f
+psd_add_osu_bench(osu_topk osu/osu_topk.cc)
+target_link_libraries(osu_topk PRIVATE poseidon_collectives)

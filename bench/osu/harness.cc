@@ -485,8 +485,9 @@ int RunMain(int argc, char** argv, Collective& c) {
         std::string ours_cols = opt.full ? "  time(us)    min(us)    max(us)  iters algbw(GB/s) "
                                            "busbw      #wrong"
                                          : "  time(us) algbw(GB/s) busbw  #wrong";
-        std::printf("#%11s %12s %8s | ours:%s | %s:%s | busbw ours/peer\n", "size(B)", "count",
-                    "type", ours_cols.c_str(), peer_name.c_str(), ours_cols.c_str());
+        std::printf("#%11s %12s %8s | ours:%s | %s:%s | busbw ours/peer%s\n", "size(B)", "count",
+                    "type", ours_cols.c_str(), peer_name.c_str(), ours_cols.c_str(),
+                    c.ExtraHeader().c_str());
         std::fflush(stdout);
       } else {
         std::printf("{\n  \"benchmark\": \"%s\",\n  \"ours\": \"%s\",\n  \"peer\": \"%s\",\n",
@@ -527,6 +528,7 @@ int RunMain(int argc, char** argv, Collective& c) {
       Figures ours = Measure(opt, ctx, c, false, bytes, program);
       Figures theirs;
       if (peer) theirs = Measure(opt, ctx, c, true, bytes, program);
+      const std::string extra_text = c.ExtraText(), extra_json = c.ExtraJson();
       c.Release();
       if (ours.wrong > 0 || theirs.wrong > 0) exit_code = 1;
       double ratio = (peer && theirs.busbw > 0) ? ours.busbw / theirs.busbw : 0;
@@ -538,16 +540,16 @@ int RunMain(int argc, char** argv, Collective& c) {
         } else {
           std::snprintf(ratio_text, sizeof(ratio_text), "%8s", "-");
         }
-        std::printf("%12zu %12zu %8s | %s | %s | %s\n", bytes, count,
+        std::printf("%12zu %12zu %8s | %s | %s | %s%s\n", bytes, count,
                     DTypeName(opt.dtype).c_str(), FiguresText(ours, opt.full).c_str(),
-                    FiguresText(theirs, opt.full).c_str(), ratio_text);
+                    FiguresText(theirs, opt.full).c_str(), ratio_text, extra_text.c_str());
         std::fflush(stdout);
       } else {
         std::printf("%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"ours\": %s, "
-                    "\"peer\": %s, \"busbw_ratio\": %s}",
+                    "\"peer\": %s, \"busbw_ratio\": %s%s}",
                     first_row ? "" : ",", bytes, count, DTypeName(opt.dtype).c_str(),
                     FiguresJson(ours).c_str(), peer ? FiguresJson(theirs).c_str() : "null",
-                    peer ? StrCat(ratio).c_str() : "null");
+                    peer ? StrCat(ratio).c_str() : "null", extra_json.c_str());
         first_row = false;
       }
     }

@@ -103,6 +103,12 @@ class Collective {
   virtual Status PoisonOutput() = 0;
   virtual Result<size_t> CountWrong() = 0;
   virtual void Release() = 0;  // frees the buffers of the last size
+  // Extra columns after the ratio (e.g. the bytes an exchange actually sent): a header, the
+  // row's text and its JSON members (", \"key\": value" ...). Asked on every rank after a
+  // size's runs, before Release; rank 0 prints them. Empty by default.
+  virtual std::string ExtraHeader() const { return ""; }
+  virtual std::string ExtraText() const { return ""; }
+  virtual std::string ExtraJson() const { return ""; }
 };
 
 // The exact formula every program uses: rank r contributes (r + 1) * F(i), F(i) = i % 7 + 1,

@@ -1,0 +1,233 @@
+// osu_topk: the sparse top-k exchange of one layer as an operation, against MPI_Allreduce of
+// the same dense n floats in the same run.
+//
+// Per size (n = size / 4 floats, one layer) and density D (-D, default 0.001):
+//  1. One HybridCollective holds one kSparse layer of n floats, forced to topk, with no
+//     warm-up and min_elements 0, so every exchange is the compressed one:
+//     fused residual top-k selection (k = ceil(D n)), one allgather of the k (index, value)
+//     pairs of every rank, scatter-add in rank order and the 1/P average.
+//  2. Inputs are built so that the selection and the sums are known exactly: rank r's
+//     gradient has exactly k non-zero entries, (r + 1) F(m) with alternating signs, at
+//     positions (m s) mod n for m in [r h, r h + k) (s = n / k, h = ceil(k / 2): neighbouring
+//     ranks share half their positions), zeros elsewhere. Top-k then picks exactly those k
+//     entries, sends them exactly and leaves a zero residual, so every run starts from the
+//     same state, and the average is (float) sum * (1/P), summed in rank order, bitwise.
+//  3. The exchange is in place (the gradient buffer becomes the average), so the input is
+//     restored before every run, outside the timed region (the timed runs restore it in
+//     PoisonOutput; a warm-up run restores it itself, untimed).
+//  4. The peer is MPI_Allreduce of the same dense gradient (sum, separate output), checked
+//     against the exact sum. Time ratio peer / ours = the harness's busbw ratio (same bytes,
+//     same factor): algbw / busbw of ours are dense-equivalent figures.
+//  5. Extra columns: k, the bytes this rank actually sent per exchange (8 k (P-1), from the
+//     collective's traffic counter) and their fraction of a dense allreduce's.
+//
+// Options: the harness's (-m -i -x -f -d --json --no-peer; -T float32 only) and
+//   -D DENSITY   fraction of entries sent per exchange, in (0, 1] (default 0.001)
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/osu/harness.h"
+#include "collectives/hybrid.h"
+#include "collectives/strategy.h"
+#include "runtime/mpi_backend.h"
+
+namespace poseidon::osu {
+namespace {
+
+class TopkBench : public Collective {
+ public:
+  explicit TopkBench(double density) : density_(density) {}
+
+  std::string program() const override { return "osu_topk"; }
+  std::string ours_name() const override {
+    return StrCat("HybridCollective topk exchange (density ", density_, ")");
+  }
+  std::string peer_name() const override { return "MPI_Allreduce"; }
+  // Dense-equivalent: the same factor as the peer, so the busbw ratio is peer time / ours.
+  std::string factor_text() const override { return "2(P-1)/P (dense-equivalent)"; }
+  double BusFactor(int world) const override { return 2.0 * (world - 1) / world; }
+
+  Status Prepare(const Context& ctx, size_t count) override {
+    PSD_REQUIRE_ARG(ctx.dtype == DType::kFloat32, "osu_topk: -T ", DTypeName(ctx.dtype),
+                    "; the top-k exchange is float32 only (expected -T float32)");
+    ctx_ = ctx;
+    n_ = count;
+    // The communicator outlives every size (RunMain holds it), so a non-owning pointer.
+    std::shared_ptr<Communicator> comm(ctx.comm, [](Communicator*) {});
+    PSD_ASSIGN_OR_RETURN(hc_, HybridCollective::Create(comm, ctx.memory));
+    LayerSpec spec;
+    spec.name = "topk_layer";
+    spec.shape = {n_};
+    spec.kind = LayerKind::kSparse;
+    spec.force = StrategyKind::kTopk;
+    spec.topk.density = density_;
+    spec.topk.warmup_steps = 0;
+    spec.topk.min_elements = 0;
+    spec.topk.momentum = 0.0;
+    PSD_ASSIGN_OR_RETURN(id_, hc_->RegisterLayer(spec));
+    PSD_CHECK(hc_->BuildPlan(/*batch=*/1, CostModel{}, PlannerOptions{}));
+    PSD_REQUIRE_ARG(hc_->strategy(id_) == StrategyKind::kTopk,
+                    "osu_topk: the plan chose ", StrategyName(hc_->strategy(id_)),
+                    " for the forced topk layer");
+    k_ = strategy_internal::TopkCount(hc_->layer(id_));
+    PSD_REQUIRE_ARG(k_ >= 1 && k_ <= n_, "osu_topk: k = ", k_, " for n = ", n_,
+                    "; expected 1 <= k <= n");
+
+    // Every rank's gradient (each rank builds them all to know the exact sums).
+    const int world = ctx.world;
+    const size_t s = n_ / k_, h = (k_ + 1) / 2;
+    std::vector<float> sum(n_, 0.0f);
+    input_.assign(n_, 0.0f);
+    for (int r = 0; r < world; ++r) {
+      for (size_t j = 0; j < k_; ++j) {
+        size_t m = static_cast<size_t>(r) * h + j;
+        size_t pos = (m * s) % n_;
+        float v = static_cast<float>((r + 1) * FormulaF(m)) * (m % 2 == 0 ? 1.0f : -1.0f);
+        sum[pos] += v;  // rank order 0..P-1, as the scatter-add
+        if (r == ctx.rank) input_[pos] = v;
+      }
+    }
+    want_sum_ = sum;
+    const float inv = 1.0f / static_cast<float>(world);
+    want_avg_.resize(n_);
+    for (size_t i = 0; i < n_; ++i) want_avg_[i] = sum[i] * inv;
+
+    const size_t bytes = n_ * sizeof(float);
+    PSD_CHECK(grad_.Allocate(ctx.memory, bytes));
+    PSD_CHECK(peer_send_.Allocate(ctx.memory, bytes));
+    PSD_CHECK(peer_send_.Upload(input_.data(), bytes));
+    PSD_CHECK(peer_recv_.Allocate(ctx.memory, bytes));
+    got_.resize(n_);
+    restored_ = false;
+    bytes_sent_ = dense_bytes_ = 0;
+    return Status::Ok();
+  }
+
+  Status RunOurs() override {
+    if (!restored_) PSD_CHECK(Restore());  // a warm-up run: untimed
+    restored_ = false;
+    last_peer_ = false;
+    ExchangeBuffers b;
+    b.grad = static_cast<float*>(grad_.data());
+    PSD_CHECK(hc_->Exchange(id_, b, step_++));
+    // Device memory: the exchange is queued on the stream; the time includes finishing it.
+    PSD_CHECK(hc_->kernels().Synchronize(hc_->stream()));
+    const Traffic& t = hc_->LayerTraffic(id_);
+    bytes_sent_ = t.last_bytes_sent;
+    dense_bytes_ = t.exchanges > 0 ? t.dense_bytes / static_cast<double>(t.exchanges) : 0;
+    return Status::Ok();
+  }
+
+  Status RunPeer() override {
+    last_peer_ = true;
+    int rc = MPI_Allreduce(peer_send_.data(), peer_recv_.data(), static_cast<int>(n_), MPI_FLOAT,
+                           MPI_SUM, ctx_.comm->mpi_comm());
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc);
+    return Status::Ok();
+  }
+
+  // Ours works in place: put this rank's gradient back. The peer's output is poisoned.
+  Status PoisonOutput() override {
+    PSD_CHECK(Restore());
+    restored_ = true;
+    return peer_recv_.Poison();
+  }
+
+  Result<size_t> CountWrong() override {
+    const Buffer& out = last_peer_ ? peer_recv_ : grad_;
+    PSD_CHECK(out.Download(got_.data(), n_ * sizeof(float)));
+    const std::vector<float>& want = last_peer_ ? want_sum_ : want_avg_;
+    return CountMismatches(DType::kFloat32, got_.data(), want.data(), n_);
+  }
+
+  std::string ExtraHeader() const override {
+    return " |          k   sent(B/rank)  dense(B/rank)  sent/dense";
+  }
+  std::string ExtraText() const override {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), " | %10zu %14.0f %14.0f %11.5f", k_, bytes_sent_,
+                  dense_bytes_, dense_bytes_ > 0 ? bytes_sent_ / dense_bytes_ : 0.0);
+    return buf;
+  }
+  std::string ExtraJson() const override {
+    return StrCat(", \"k\": ", k_, ", \"bytes_sent\": ", bytes_sent_, ", \"dense_bytes\": ",
+                  dense_bytes_);
+  }
+
+  void Release() override {
+    hc_.reset();
+    grad_.Free();
+    peer_send_.Free();
+    peer_recv_.Free();
+    input_ = {};
+    want_sum_ = {};
+    want_avg_ = {};
+    got_ = {};
+  }
+
+ private:
+  Status Restore() { return grad_.Upload(input_.data(), n_ * sizeof(float)); }
+
+  double density_;
+  Context ctx_;
+  size_t n_ = 0, k_ = 0;
+  std::unique_ptr<HybridCollective> hc_;
+  int id_ = 0;
+  int64_t step_ = 0;
+  Buffer grad_, peer_send_, peer_recv_;
+  std::vector<float> input_, want_sum_, want_avg_, got_;
+  bool restored_ = false, last_peer_ = false;
+  double bytes_sent_ = 0, dense_bytes_ = 0;
+};
+
+// The rank as mpirun tells it (MPI is not initialized yet); 0 for a singleton.
+bool IsFirstRank() {
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  return r == nullptr || std::strcmp(r, "0") == 0;
+}
+
+}  // namespace
+}  // namespace poseidon::osu
+
+int main(int argc, char** argv) {
+  // -D is ours; everything else goes to the harness.
+  double density = 0.001;
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-D" || a == "--density") {
+      const char* text = i + 1 < argc ? argv[++i] : "";
+      char* end = nullptr;
+      density = std::strtod(text, &end);
+      if (*text == '\0' || end == nullptr || *end != '\0' || !std::isfinite(density) ||
+          density <= 0 || density > 1) {
+        if (poseidon::osu::IsFirstRank()) {
+          std::fprintf(stderr,
+                       "osu_topk: option -D: '%s' is not a density; expected a number in "
+                       "(0, 1], e.g. 0.001\n",
+                       text);
+        }
+        return 2;
+      }
+    } else {
+      if (a == "-h" || a == "--help") {
+        if (poseidon::osu::IsFirstRank()) {
+          std::printf("osu_topk options: -D DENSITY (fraction sent, (0, 1], default 0.001); "
+                      "the harness's below (-T float32 only)\n");
+        }
+      }
+      rest.push_back(argv[i]);
+    }
+  }
+  rest.push_back(nullptr);
+  int rest_argc = static_cast<int>(rest.size()) - 1;
+  poseidon::osu::TopkBench bench(density);
+  return poseidon::osu::RunMain(rest_argc, rest.data(), bench);
+}
