@@ -29,6 +29,20 @@ if(POSEIDON_CUDA_ENABLED AND TARGET poseidon_kernels_cuda)
                          SKIP_REGULAR_EXPRESSION "${_psd_no_gpu}")
   endforeach()
 
+  # The hybrid collective and the engine on device memory against host memory, through the
+  # MPI-staged device backend (ranks share the one GPU at np 2).
+  add_executable(hybrid_device_test gpu/hybrid_device_test.cc)
+  target_link_libraries(hybrid_device_test PRIVATE poseidon_engine poseidon_mpi_test_main)
+  psd_add_mpi_test(hybrid_device_test NP 1 2 TIMEOUT 60 LABELS gpu
+                   ARGS --gtest_filter=-DeviceHybridGpu.* ENV POSEIDON_DEVICE_BACKEND=staged)
+  add_executable(hybrid_device_gpu_test ALIAS hybrid_device_test)
+  psd_add_mpi_test(hybrid_device_gpu_test NP 1 2 TIMEOUT 120 LABELS gpu
+                   ARGS --gtest_filter=DeviceHybridGpu.* ENV POSEIDON_DEVICE_BACKEND=staged)
+  foreach(np 1 2)
+    set_tests_properties(hybrid_device_gpu_test_np${np} PROPERTIES
+                         SKIP_REGULAR_EXPRESSION "${_psd_no_gpu}")
+  endforeach()
+
   # The GPU benchmark binary runs once, briefly: without a GPU it must print its skip line and
   # exit 0 (reported as skipped).
   if(TARGET topk_gpu_bench)

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -116,6 +117,43 @@ TEST(CudaKernelsArgs, OtherKernelsRejectBadArguments) {
   EXPECT_TRUE(Gpu().ScatterAdd(nullptr, nullptr, 0, nullptr, 0, nullptr).ok());
   EXPECT_TRUE(Gpu().Pack({}, nullptr, nullptr).ok());
   EXPECT_TRUE(Gpu().SumInto(f, f, 1, 0, 0, nullptr).ok());
+}
+
+TEST(CudaKernelsArgs, MemoryCallsRejectBadArguments) {
+  float* f = reinterpret_cast<float*>(0x1000);
+  Status s = Gpu().Scale(f, 4, std::numeric_limits<float>::infinity(), nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("Scale: scale is inf"), std::string::npos) << s.message();
+  s = Gpu().Scale(nullptr, 4, 0.5f, nullptr);
+  EXPECT_NE(s.message().find("Scale: data is null with n = 4"), std::string::npos) << s.message();
+  s = Gpu().Fill(nullptr, 3, 0.0f, nullptr);
+  EXPECT_NE(s.message().find("Fill: data is null with n = 3"), std::string::npos) << s.message();
+  s = Gpu().Copy(nullptr, f, 8, nullptr);
+  EXPECT_NE(s.message().find("Copy: dst is null with 8 bytes"), std::string::npos) << s.message();
+  s = Gpu().Copy(f + 1, f, 64, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overlap"), std::string::npos) << s.message();
+  // Empty calls are no-ops and need no GPU; an empty buffer needs no cudaMalloc.
+  EXPECT_TRUE(Gpu().Scale(nullptr, 0, 2.0f, nullptr).ok());
+  EXPECT_TRUE(Gpu().Fill(nullptr, 0, 2.0f, nullptr).ok());
+  EXPECT_TRUE(Gpu().Copy(nullptr, nullptr, 0, nullptr).ok());
+  EXPECT_TRUE(Gpu().Copy(f, f, 64, nullptr).ok());
+  auto empty = Gpu().Allocate(0);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ((*empty)->data(), nullptr);
+  EXPECT_EQ((*empty)->memory(), MemoryKind::kDevice);
+}
+
+TEST(CudaKernelsNoGpu, AllocateFailsWithTheCudaError) {
+  if (testing::NoGpuReason().empty()) {
+    GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
+  }
+  auto buf = Gpu().Allocate(1024);
+  ASSERT_FALSE(buf.ok());
+  EXPECT_EQ(buf.status().code(), StatusCode::kBackendError);
+  EXPECT_NE(buf.status().message().find("Allocate: cudaMalloc(1024 bytes)"), std::string::npos)
+      << buf.status().message();
+  EXPECT_FALSE(Gpu().Synchronize(nullptr).ok());
 }
 
 TEST(CudaKernelsNoGpu, CallsFailWithTheCudaError) {
@@ -256,6 +294,47 @@ TEST(CudaKernels, PackUnpackRoundTrip) {
   ExpectSameBits(a, ra.Download(), "a");
   ExpectSameBits(b, rb.Download(), "b");
   ExpectSameBits(c, rc.Download(), "c");
+}
+
+TEST(CudaKernels, MemoryCallsMatchCpu) {
+  PSD_SKIP_WITHOUT_GPU();
+  // Allocate: device memory, zero-filled.
+  auto buf = Gpu().Allocate(4001 * sizeof(float));
+  ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+  EXPECT_EQ((*buf)->memory(), MemoryKind::kDevice);
+  EXPECT_EQ((*buf)->bytes(), 4001 * sizeof(float));
+  ASSERT_TRUE(CheckDevicePointer("test", "buf", (*buf)->data(), (*buf)->bytes()).ok());
+  std::vector<float> host(4001, 1.0f);
+  ASSERT_TRUE(Gpu().Copy(host.data(), (*buf)->data(), host.size() * 4, nullptr).ok());
+  ASSERT_TRUE(Gpu().Synchronize(nullptr).ok());
+  for (float v : host) ASSERT_TRUE(SameBits(v, 0.0f));
+  // Copy host -> device -> device -> host, then Scale and Fill against the CPU twins.
+  std::vector<float> x = RandomFloats(4001, 21, 3.0f);
+  x[5] = std::numeric_limits<float>::infinity();
+  x[6] = -0.0f;
+  x[7] = 1e-38f;  // the product underflows to a subnormal: no flush to zero either side
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  DeviceBuffer<float> other(x.size());
+  ASSERT_TRUE(Gpu().Copy((*buf)->data(), x.data(), x.size() * 4, stream).ok());
+  ASSERT_TRUE(Gpu().Copy(other.get(), (*buf)->data(), x.size() * 4, stream).ok());
+  const float inv = 1.0f / 3.0f;
+  ASSERT_TRUE(Gpu().Scale(other.get(), x.size() - 1, inv, stream).ok());
+  ASSERT_TRUE(Gpu().Fill((*buf)->as<float>() + 10, 20, -2.5f, stream).ok());
+  std::vector<float> got_scaled(x.size()), got_filled(x.size());
+  ASSERT_TRUE(Gpu().Copy(got_scaled.data(), other.get(), x.size() * 4, stream).ok());
+  ASSERT_TRUE(Gpu().Copy(got_filled.data(), (*buf)->data(), x.size() * 4, stream).ok());
+  ASSERT_TRUE(Gpu().Synchronize(stream).ok());
+  std::vector<float> want_scaled = x, want_filled = x;
+  ASSERT_TRUE(Cpu().Scale(want_scaled.data(), x.size() - 1, inv, nullptr).ok());
+  ASSERT_TRUE(Cpu().Fill(want_filled.data() + 10, 20, -2.5f, nullptr).ok());
+  ExpectSameBits(want_scaled, got_scaled, "scaled");
+  ExpectSameBits(want_filled, got_filled, "filled");
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  // Device pointers are checked where the contract needs device memory.
+  Status s = Gpu().Scale(host.data(), host.size(), 2.0f, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("expected device"), std::string::npos) << s.message();
 }
 
 TEST(CudaKernels, OptimizerStepsAndSumIntoMatchCpu) {
