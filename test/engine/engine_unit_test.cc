@@ -9,6 +9,7 @@
 
 #include "runtime/engine/fusion.h"
 #include "runtime/engine/negotiation.h"
+#include "runtime/engine/stream_sync.h"
 #include "runtime/engine/timeline.h"
 
 namespace poseidon::engine {
@@ -108,8 +109,7 @@ std::string Name(int l) { return "fc" + std::to_string(l); }
 
 TEST(Messages, MismatchNamesLayerFieldAndRanks) {
   // Rank 1 submitted a different size for layer 1.
-  std::vector<std::vector<Descriptor>> per_rank = {
-      {D(1, 1, 32)}, {D(1, 1, 31)}, {D(1, 1, 32)}};
+  std::vector<std::vector<Descriptor>> per_rank = {{D(1, 1, 32)}, {D(1, 1, 31)}, {D(1, 1, 32)}};
   std::string m = DescribeMismatch(per_rank, {1}, Name);
   EXPECT_EQ(m,
             "layer 1 (fc1): ranks disagree on the element count: ranks 0,2 submitted #1 step 0 "
@@ -153,11 +153,11 @@ TEST(Fusion, GroupsSmallLayersAndKeepsOrder) {
   // fusion 100 bytes, chunk 1000 bytes.
   auto ops = PlanOps(Items({{40, true},
                             {40, true},
-                            {40, true},     // would exceed 100: new group
-                            {30, false},    // not fusible: closes the group, runs alone
-                            {10, true},     // alone in its group -> direct
-                            {5000, true},   // > chunk: chunked
-                            {500, true},    // > fusion, < chunk: direct
+                            {40, true},    // would exceed 100: new group
+                            {30, false},   // not fusible: closes the group, runs alone
+                            {10, true},    // alone in its group -> direct
+                            {5000, true},  // > chunk: chunked
+                            {500, true},   // > fusion, < chunk: direct
                             {0, true},
                             {0, true}}),
                      100, 1000);
@@ -182,8 +182,7 @@ TEST(Fusion, DisabledFusionAndChunking) {
 }
 
 TEST(Fusion, ChunkRangesCoverExactly) {
-  EXPECT_EQ(ChunkRanges(10, 4),
-            (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 8}, {8, 10}}));
+  EXPECT_EQ(ChunkRanges(10, 4), (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 8}, {8, 10}}));
   EXPECT_EQ(ChunkRanges(8, 4), (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 8}}));
   EXPECT_EQ(ChunkRanges(0, 4), (std::vector<std::pair<size_t, size_t>>{{0, 0}}));
   EXPECT_EQ(ChunkRanges(3, 100), (std::vector<std::pair<size_t, size_t>>{{0, 3}}));
@@ -223,6 +222,43 @@ TEST(Timeline, WritesEventsAndCloses) {
   auto bad = Timeline::Open("/nonexistent-dir/x.json", 0, 1);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("/nonexistent-dir/x.json"), std::string::npos);
+}
+
+// The stream seam works only with CUDA and a GPU; elsewhere every call says why (the device
+// paths are tested in test/gpu).
+TEST(StreamSync, ReportsWhyWithoutCudaOrAGpu) {
+  auto ev = Event::Create();
+  auto st = Stream::Create();
+  auto dev = CurrentDevice();
+  if (!StreamSyncBuilt()) {
+    ASSERT_FALSE(ev.ok());
+    EXPECT_EQ(ev.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(ev.status().message().find("this build has no CUDA"), std::string::npos)
+        << ev.status().ToString();
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.status().code(), StatusCode::kUnavailable);
+    ASSERT_FALSE(dev.ok());
+    EXPECT_EQ(dev.status().code(), StatusCode::kUnavailable);
+    EXPECT_EQ(UseDevice(0).code(), StatusCode::kUnavailable);
+    return;
+  }
+  if (!dev.ok()) {  // CUDA built, no usable device: the CUDA error, never a crash
+    EXPECT_FALSE(ev.ok());
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(ev.status().message().find("Engine: cudaEventCreateWithFlags"), std::string::npos)
+        << ev.status().ToString();
+    return;
+  }
+  // A GPU: record on a stream, order another after it, and see it complete.
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_TRUE((*ev)->Record((*st)->get()).ok());
+  ASSERT_TRUE((*ev)->OrderStream(nullptr).ok());
+  ASSERT_TRUE((*ev)->Synchronize().ok());
+  auto done = (*ev)->Query();
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+  EXPECT_TRUE((*st)->Synchronize().ok());
 }
 
 }  // namespace
