@@ -24,3 +24,5 @@ psd_add_osu_bench(osu_allgather osu/osu_allgather.cc)
 #   mpirun -np 4 --oversubscribe build/bench/osu/osu_hybrid --model resnet152 --scale 0.25 -f
 psd_add_osu_bench(osu_topk osu/osu_topk.cc)
 target_link_libraries(osu_topk PRIVATE poseidon_collectives)
+psd_add_osu_bench(osu_hybrid osu/osu_hybrid.cc)
+target_link_libraries(osu_hybrid PRIVATE poseidon_collectives poseidon_model_shape)

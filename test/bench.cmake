@@ -22,3 +22,21 @@ if(TARGET osu_allreduce)
       ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "this build has no CUDA")
   endif()
 endif()
+
+# osu_topk and osu_hybrid: exact inputs (k known non-zeros per rank; integer factors), every
+# timed result checked, exit 1 on #wrong > 0. osu_hybrid forces topk on the small model's
+# sparse layers (none fall back: min elements 0), so one run exchanges layers with topk, sfb
+# (fc1, where topk does not apply) and allreduce; np 3 checks a non-power-of-two average.
+if(TARGET osu_topk)
+  psd_add_mpi_test(osu_topk NP 2 3 TIMEOUT 90 LABELS bench
+                   ARGS -m 4:1M -i 3 -x 1 -D 0.01 -f ENV ${_osu_env})
+  psd_add_mpi_test(osu_hybrid NP 2 3 TIMEOUT 120 LABELS bench
+                   ARGS --model small --sparse --density 0.01 -i 3 -x 1 -f --json
+                   ENV POSEIDON_STRATEGY=topk POSEIDON_TOPK_MIN_ELEMENTS=0)
+  add_test(NAME osu_topk_bad_density COMMAND osu_topk -D 1.5)
+  set_tests_properties(osu_topk_bad_density PROPERTIES TIMEOUT 30 LABELS bench
+    ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "option -D: '1.5'")
+  add_test(NAME osu_hybrid_bad_model COMMAND osu_hybrid --model vgg20)
+  set_tests_properties(osu_hybrid_bad_model PROPERTIES TIMEOUT 30 LABELS bench
+    ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "'vgg20' is unknown")
+endif()
