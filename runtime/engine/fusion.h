@@ -4,7 +4,8 @@
 // Steps (pure arithmetic, identical on every rank because its inputs were agreed):
 //   1. Walk the ready layers in the order given (lowest layer index first: the next forward
 //      pass needs them first).
-//   2. A fusible layer (dense allreduce, no optimizer, host memory) of at most fusion_bytes
+//   2. A fusible layer (float32 dense allreduce without factors; an optimizer is applied after
+//      the sum by the collective) of at most fusion_bytes
 //      joins the open fusion group; the group is closed when the next layer would push it past
 //      fusion_bytes, and before any layer that is not fused (so order is kept: nothing is
 //      delayed behind a later layer).
@@ -22,7 +23,7 @@ namespace poseidon::engine {
 struct WorkItem {
   int layer = 0;
   size_t bytes = 0;
-  bool fusible = false;  // dense allreduce without optimizer, host memory
+  bool fusible = false;  // float32 dense allreduce without factors (optimizer or not)
 };
 
 enum class OpKind {
