@@ -5,10 +5,9 @@
 //   1. Walk the ready layers in the order given (lowest layer index first: the next forward
 //      pass needs them first).
 //   2. A fusible layer (float32 dense allreduce without factors; an optimizer is applied after
-//      the sum by the collective) of at most fusion_bytes
-//      joins the open fusion group; the group is closed when the next layer would push it past
-//      fusion_bytes, and before any layer that is not fused (so order is kept: nothing is
-//      delayed behind a later layer).
+//      the sum by the collective) of at most fusion_bytes joins the open fusion group; the group
+//      is closed when the next layer would push it past fusion_bytes, and before any layer that
+//      is not fused (so order is kept: nothing is delayed behind a later layer).
 //   3. A fusible layer larger than chunk_bytes becomes a chunked op (ChunkRanges).
 //   4. Everything else runs alone through the hybrid collective's planned strategy.
 // A group holding a single layer is run as a plain op on the layer's own buffer (no copy).
