@@ -8,6 +8,7 @@
 //    rank's arguments are checked locally, then one small allreduce compares count, dtype, root
 //    and the shard layout. Any bad argument or disagreement fails the call on *every* rank with
 //    an error naming the call, the value and the ranks involved, so no rank is left waiting.
+//    CallOptions::agreed skips the allreduce when the caller has verified agreement itself.
 //  - Non-blocking calls (I*) skip that check: the engine verifies agreement itself.
 //  - send == recv means in place where the call allows it (AllReduce).
 #pragma once
@@ -25,6 +26,11 @@ namespace poseidon {
 struct CallOptions {
   MemoryKind memory = MemoryKind::kHost;
   void* stream = nullptr;  // cudaStream_t for device memory; the call is ordered on it
+  // True when the caller has already verified, across ranks, that every rank makes this call
+  // with the same arguments (the engine's negotiation does): blocking calls then skip their
+  // argument-agreement allreduce (one latency per call). Local checks still run; since the
+  // arguments agree, a local failure is the same on every rank.
+  bool agreed = false;
 };
 
 // A pending non-blocking collective. Owns whatever scratch the call needs until it completes.

@@ -197,7 +197,7 @@ Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType d
   if (local.ok()) local = CheckBuffer(call, "send", send, count);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, count);
   if (local.ok()) local = CheckFitsInt(call, count);
-  if (CheckArgsEnabled()) {
+  if (CheckArgsEnabled() && !opts.agreed) {
     PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(count),
                                   static_cast<int64_t>(dtype), -1, 0, local}));
   } else {
@@ -243,7 +243,7 @@ Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector
   for (size_t c : counts) total += c;
   if (local.ok()) local = CheckBuffer(call, "send", send, total);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, counts[static_cast<size_t>(rank_)]);
-  if (CheckArgsEnabled()) {
+  if (CheckArgsEnabled() && !opts.agreed) {
     PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(total), static_cast<int64_t>(dtype),
                                   -1, HashCounts(counts), local}));
   } else {
@@ -262,7 +262,7 @@ Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType d
   if (local.ok()) local = CheckBuffer(call, "send", send, count);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, count);
   if (local.ok()) local = CheckFitsInt(call, count * static_cast<size_t>(size_));
-  if (CheckArgsEnabled()) {
+  if (CheckArgsEnabled() && !opts.agreed) {
     PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(count),
                                   static_cast<int64_t>(dtype), -1, 0, local}));
   } else {
@@ -288,7 +288,7 @@ Status MpiBackend::AllGatherV(const void* send, void* recv, const std::vector<si
   for (size_t c : counts) total += c;
   if (local.ok()) local = CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, total);
-  if (CheckArgsEnabled()) {
+  if (CheckArgsEnabled() && !opts.agreed) {
     PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(total), static_cast<int64_t>(dtype),
                                   -1, HashCounts(counts), local}));
   } else {
@@ -315,7 +315,7 @@ Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (local.ok() && (root < 0 || root >= size_)) {
     local = InvalidArgument(call, ": root ", root, " is outside 0..", size_ - 1);
   }
-  if (CheckArgsEnabled()) {
+  if (CheckArgsEnabled() && !opts.agreed) {
     PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(count),
                                   static_cast<int64_t>(dtype), root, 0, local}));
   } else {

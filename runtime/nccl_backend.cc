@@ -299,7 +299,8 @@ Status NcclBackend::AllReduce(const void* send, void* recv, size_t count, DType 
   size_t bytes = count * DTypeSize(dtype);
   if (local.ok()) local = CheckDevicePointer(call, "send", send, bytes);
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, bytes);
-  PSD_CHECK(Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
+  PSD_CHECK(opts.agreed ? (local.ok() ? CheckAsyncError() : local)
+                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
   return LaunchAllReduce(send, recv, count, dtype, ToStream(opts));
 }
 
@@ -314,8 +315,9 @@ Status NcclBackend::ReduceScatter(const void* send, void* recv, const std::vecto
   if (local.ok()) {
     local = CheckDevicePointer(call, "recv", recv, counts[static_cast<size_t>(rank_)] * es);
   }
-  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1, local.ok() ? HashCounts(counts) : 0,
-                  std::move(local)));
+  PSD_CHECK(opts.agreed ? (local.ok() ? CheckAsyncError() : local)
+                        : Agree(call, static_cast<int64_t>(total), dtype, -1,
+                                local.ok() ? HashCounts(counts) : 0, std::move(local)));
   return LaunchReduceScatter(send, recv, counts, dtype, ToStream(opts));
 }
 
@@ -328,7 +330,8 @@ Status NcclBackend::AllGather(const void* send, void* recv, size_t count, DType 
   if (local.ok()) {
     local = CheckDevicePointer(call, "recv", recv, bytes * static_cast<size_t>(size_));
   }
-  PSD_CHECK(Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
+  PSD_CHECK(opts.agreed ? (local.ok() ? CheckAsyncError() : local)
+                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
   if (count == 0) return Status::Ok();
   PSD_CHECK(NcclStatus(ncclAllGather(send, recv, count, ToNcclType(dtype), comm_, ToStream(opts)),
                        "ncclAllGather"));
@@ -346,8 +349,9 @@ Status NcclBackend::AllGatherV(const void* send, void* recv, const std::vector<s
     local = CheckDevicePointer(call, "send", send, counts[static_cast<size_t>(rank_)] * es);
   }
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, total * es);
-  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1, local.ok() ? HashCounts(counts) : 0,
-                  std::move(local)));
+  PSD_CHECK(opts.agreed ? (local.ok() ? CheckAsyncError() : local)
+                        : Agree(call, static_cast<int64_t>(total), dtype, -1,
+                                local.ok() ? HashCounts(counts) : 0, std::move(local)));
   return LaunchAllGatherV(send, recv, counts, dtype, ToStream(opts));
 }
 
@@ -359,7 +363,9 @@ Status NcclBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
     local = InvalidArgument(call, ": root ", root, " is outside 0..", size_ - 1);
   }
   if (local.ok()) local = CheckDevicePointer(call, "buf", buf, count * DTypeSize(dtype));
-  PSD_CHECK(Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local)));
+  PSD_CHECK(opts.agreed
+                ? (local.ok() ? CheckAsyncError() : local)
+                : Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local)));
   if (count == 0) return Status::Ok();
   PSD_CHECK(
       NcclStatus(ncclBroadcast(buf, buf, count, ToNcclType(dtype), root, comm_, ToStream(opts)),

@@ -181,7 +181,8 @@ Status StagedBackend::AllReduce(const void* send, void* recv, size_t count, DTyp
     if (local.ok()) buf = std::move(*b);
   }
   if (local.ok()) local = StageIn(send, buf.data(), bytes, ToStream(opts));
-  PSD_CHECK(Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
+  PSD_CHECK(opts.agreed ? local
+                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
   if (count == 0) return Status::Ok();
   PSD_CHECK(host_->AllReduce(buf.data(), buf.data(), count, dtype, {MemoryKind::kHost, nullptr}));
   void* h = buf.data();
@@ -206,8 +207,9 @@ Status StagedBackend::ReduceScatter(const void* send, void* recv, const std::vec
     if (local.ok()) buf = std::move(*b);
   }
   if (local.ok()) local = StageIn(send, buf.data(), total * es, ToStream(opts));
-  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1, local.ok() ? HashCounts(counts) : 0,
-                  std::move(local)));
+  PSD_CHECK(opts.agreed ? local
+                        : Agree(call, static_cast<int64_t>(total), dtype, -1,
+                                local.ok() ? HashCounts(counts) : 0, std::move(local)));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), total * es);
   PSD_CHECK(host_->ReduceScatter(buf.data(), h_out, counts, dtype, {MemoryKind::kHost, nullptr}));
@@ -231,7 +233,8 @@ Status StagedBackend::AllGather(const void* send, void* recv, size_t count, DTyp
     if (local.ok()) buf = std::move(*b);
   }
   if (local.ok()) local = StageIn(send, buf.data(), bytes, ToStream(opts));
-  PSD_CHECK(Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
+  PSD_CHECK(opts.agreed ? local
+                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
   if (count == 0) return Status::Ok();
   void* h_out = At(buf.data(), bytes);
   PSD_CHECK(host_->AllGather(buf.data(), h_out, count, dtype, {MemoryKind::kHost, nullptr}));
@@ -256,8 +259,9 @@ Status StagedBackend::AllGatherV(const void* send, void* recv, const std::vector
     if (local.ok()) buf = std::move(*b);
   }
   if (local.ok()) local = StageIn(send, buf.data(), mine * es, ToStream(opts));
-  PSD_CHECK(Agree(call, static_cast<int64_t>(total), dtype, -1, local.ok() ? HashCounts(counts) : 0,
-                  std::move(local)));
+  PSD_CHECK(opts.agreed ? local
+                        : Agree(call, static_cast<int64_t>(total), dtype, -1,
+                                local.ok() ? HashCounts(counts) : 0, std::move(local)));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), mine * es);
   PSD_CHECK(host_->AllGatherV(buf.data(), h_out, counts, dtype, {MemoryKind::kHost, nullptr}));
@@ -281,7 +285,9 @@ Status StagedBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
     if (local.ok()) h = std::move(*b);
   }
   if (local.ok() && rank() == root) local = StageIn(buf, h.data(), bytes, ToStream(opts));
-  PSD_CHECK(Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local)));
+  PSD_CHECK(opts.agreed
+                ? local
+                : Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local)));
   if (count == 0) return Status::Ok();
   PSD_CHECK(host_->Broadcast(h.data(), count, dtype, root, {MemoryKind::kHost, nullptr}));
   if (rank() == root) return Status::Ok();  // the root's device buffer already holds the data
