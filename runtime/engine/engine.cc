@@ -54,6 +54,8 @@ Result<EngineOptions> EngineOptions::FromSettings() {
   o.stall_warn_s = settings::StallWarnS();
   o.stall_abort_s = settings::StallAbortS();
   o.cycle_us = settings::CycleUs();
+  o.fusion_wait_us = settings::FusionWaitUs();
+  o.slice_bytes = settings::SliceBytes();
   o.timeline = settings::Timeline();
   PSD_CHECK(o.Validate());
   return o;
@@ -72,6 +74,11 @@ Status EngineOptions::Validate() const {
                   "; expected a finite number of seconds >= 0 (0 disables the abort)");
   PSD_REQUIRE_ARG(cycle_us >= 1 && cycle_us <= 1000000, "Engine: POSEIDON_CYCLE_US=", cycle_us,
                   "; expected 1 to 1000000 microseconds");
+  PSD_REQUIRE_ARG(fusion_wait_us >= 0 && fusion_wait_us <= 1000000,
+                  "Engine: POSEIDON_FUSION_WAIT_US=", fusion_wait_us,
+                  "; expected 0 to 1000000 microseconds (0 negotiates at once)");
+  PSD_REQUIRE_ARG(slice_bytes >= 0, "Engine: POSEIDON_SLICE_BYTES=", slice_bytes,
+                  "; expected >= 0 (0 runs whole layers every cycle)");
   PSD_REQUIRE_ARG(memory == MemoryKind::kHost || memory == MemoryKind::kDevice,
                   "Engine: memory kind ", static_cast<int>(memory), "; expected host or device");
   return Status::Ok();
@@ -372,6 +379,7 @@ EngineStats Engine::stats() const {
   s.chunked_layers = counters_.chunked_layers.load();
   s.chunks = counters_.chunks.load();
   s.direct_layers = counters_.direct_layers.load();
+  s.slices = counters_.slices.load();
   s.strategy_layers = counters_.strategy_layers.load();
   s.stall_warnings = counters_.stall_warnings.load();
   return s;
@@ -431,6 +439,19 @@ bool Engine::Cycle() {
       cv_.wait_for(lock, std::chrono::microseconds(options_.cycle_us), [&] {
         return !incoming_.empty() || !local_errors_.empty() || shutdown_requested_;
       });
+    }
+    if (!ran_last_cycle_ && !incoming_.empty() && options_.fusion_wait_us > 0 &&
+        local_errors_.empty() && !shutdown_requested_) {
+      // An idle engine woken by a submission: layers handed over right after it (a bias after
+      // its weights, layers with little compute between them) join this cycle's exchange
+      // instead of costing a negotiation and a collective each. The window runs from the
+      // first new submission, so a late wake-up does not add to it.
+      const double until_us = incoming_.front().submit_us + options_.fusion_wait_us;
+      const double left_us = until_us - NowUs();
+      if (left_us > 0) {
+        cv_.wait_for(lock, std::chrono::microseconds(static_cast<long long>(left_us)),
+                     [&] { return !local_errors_.empty() || shutdown_requested_; });
+      }
     }
     for (auto& e : incoming_) queues_[static_cast<size_t>(e.desc.layer)].push_back(std::move(e));
     incoming_.clear();
@@ -691,14 +712,16 @@ void Engine::Finish(Entry* e, const Status& s) {
 }
 
 void Engine::RunReady(const std::vector<int>& layers) {
-  // Take the heads; check them against the layer (the same verdict on every rank: the
-  // descriptors agree).
-  std::vector<Entry> entries;
-  std::vector<engine::WorkItem> items;
+  // Check the heads that start now (the same verdict on every rank: the descriptors agree).
+  std::vector<int> runnable;
   for (int l : layers) {
     auto& q = queues_[static_cast<size_t>(l)];
-    Entry e = std::move(q.front());
-    q.pop_front();
+    Entry& e = q.front();
+    if (e.started) {
+      runnable.push_back(l);
+      continue;
+    }
+    e.started = true;
     const double start = NowUs();
     if (timeline_) {
       timeline_->Instant(l, "submit", e.desc.step, e.submit_us);
@@ -732,21 +755,61 @@ void Engine::RunReady(const std::vector<int>& layers) {
     }
     if (!bad.ok()) {
       // Agreed by every rank, and nothing was exchanged: fail this handle only.
+      Entry failed = std::move(e);
+      q.pop_front();
       in_agreed_check_ = true;
-      Finish(&e, bad);
+      Finish(&failed, bad);
       in_agreed_check_ = false;
       continue;
     }
+    runnable.push_back(l);
+  }
+  // Dense allreduce layers are summed by the engine itself, with or without an optimizer (the
+  // collective finishes them, FinishDenseSum, exactly as its own exchange would); they can be
+  // cut into slices. The other layers run whole through their strategy.
+  auto fusible = [this](int l) {
+    const Entry& e = queues_[static_cast<size_t>(l)].front();
+    return layer_dtype_[static_cast<size_t>(l)] == DType::kFloat32 &&
+           layer_strategy_[static_cast<size_t>(l)] == StrategyKind::kAllReduce &&
+           e.desc.factors == 0;
+  };
+  std::vector<engine::SliceItem> slice_items;
+  for (int l : runnable) {
+    const Entry& e = queues_[static_cast<size_t>(l)].front();
+    engine::SliceItem it;
+    it.elem_bytes = DTypeSize(layer_dtype_[static_cast<size_t>(l)]);
+    it.remaining_bytes = (layer_count_[static_cast<size_t>(l)] - e.offset) * it.elem_bytes;
+    it.sliceable = fusible(l);
+    slice_items.push_back(it);
+  }
+  const std::vector<size_t> take = engine::PlanSlices(slice_items, options_.slice_bytes);
+  // Entries that complete this cycle leave their queue (stable storage: reserved up front);
+  // a layer cut short stays at the head of its queue, its part pointing there.
+  std::vector<Entry> finishing;
+  finishing.reserve(runnable.size());
+  std::vector<Part> parts;
+  std::vector<engine::WorkItem> items;
+  for (size_t i = 0; i < runnable.size(); ++i) {
+    const int l = runnable[i];
+    if (take[i] == 0 && slice_items[i].remaining_bytes > 0) continue;  // next cycle
+    auto& q = queues_[static_cast<size_t>(l)];
+    Part p;
+    p.begin = q.front().offset;
+    p.end = p.begin + take[i] / slice_items[i].elem_bytes;
+    p.last = p.end == layer_count_[static_cast<size_t>(l)];
+    if (p.last) {
+      finishing.push_back(std::move(q.front()));
+      q.pop_front();
+      p.e = &finishing.back();
+    } else {
+      p.e = &q.front();
+    }
     engine::WorkItem item;
     item.layer = l;
-    item.bytes = n * DTypeSize(dt);
-    // Dense allreduce layers are summed by the engine itself, with or without an optimizer:
-    // the collective finishes them (FinishDenseSum) exactly as its own exchange would.
-    item.fusible = dt == DType::kFloat32 &&
-                   layer_strategy_[static_cast<size_t>(l)] == StrategyKind::kAllReduce &&
-                   e.desc.factors == 0;
+    item.bytes = take[i];
+    item.fusible = slice_items[i].sliceable;
     items.push_back(item);
-    entries.push_back(std::move(e));
+    parts.push_back(p);
   }
   // Chunks need the backend's non-blocking allreduce on host memory; device layers are fused
   // or run whole (their stream keeps the device busy without a host pipeline).
@@ -755,28 +818,43 @@ void Engine::RunReady(const std::vector<int>& layers) {
   for (const auto& op : ops) {
     switch (op.kind) {
       case engine::OpKind::kFused: {
-        std::vector<Entry*> group;
-        for (size_t i : op.items) group.push_back(&entries[i]);
+        std::vector<Part> group;
+        for (size_t i : op.items) group.push_back(parts[i]);
         RunFused(group);
         break;
       }
       case engine::OpKind::kChunked:
-        RunChunked(&entries[op.items[0]]);
+        RunChunked(parts[op.items[0]]);
         break;
       case engine::OpKind::kDirect:
-        RunDirect(&entries[op.items[0]]);
+        RunDirect(parts[op.items[0]]);
         break;
       case engine::OpKind::kStrategy:
-        RunStrategy(&entries[op.items[0]]);
+        RunStrategy(parts[op.items[0]].e);
         break;
     }
   }
+  // A slice that failed completed its handle: drop it (the error flag stops every rank).
+  for (const Part& p : parts) {
+    if (p.last || !p.e->handle->Test()) continue;
+    queues_[static_cast<size_t>(p.e->desc.layer)].pop_front();
+  }
+}
+
+CallOptions Engine::Call() const {
+  CallOptions call;
+  call.memory = options_.memory;
+  call.stream = stream_ ? stream_->get() : nullptr;
+  // The negotiation agreed on every layer's count and dtype, and the ops derive from agreed
+  // values alone: the backend's own argument-agreement allreduce would only add a latency.
+  call.agreed = true;
+  return call;
 }
 
 Status Engine::FinishSum(Entry* e) {
   // The same operation DenseAllReduce applies after its sum (grad *= 1/P, or the optimizer
-  // step with 1/P fused in), so fused, chunked and unfused exchanges give bitwise identical
-  // results.
+  // step with 1/P fused in), so fused, chunked, sliced and unfused exchanges give bitwise
+  // identical results.
   ExchangeBuffers b;
   b.grad = static_cast<float*>(e->grad.data);
   b.params = e->grad.params;
@@ -791,20 +869,43 @@ void Engine::CountTraffic(const Entry& e) {
   hc_->AddTraffic(static_cast<int>(e.desc.layer), bytes, bytes);
 }
 
-void Engine::RunFused(std::vector<Entry*>& group) {
+void Engine::EndPart(const Part& p, const Status& s) {
+  Entry* e = p.e;
+  const bool whole = p.begin == 0 && p.last;
+  if (!whole) counters_.slices.fetch_add(1, std::memory_order_relaxed);
+  Status st = s;
+  if (st.ok() && !whole && !layer_optimizer_[static_cast<size_t>(e->desc.layer)]) {
+    // A slice is averaged on its own (the element-wise 1/P of FinishDenseSum), so the last
+    // slice leaves nothing else to do.
+    st = kernels_->Scale(static_cast<float*>(e->grad.data) + p.begin, p.end - p.begin,
+                         1.0f / static_cast<float>(comm_->size()),
+                         stream_ ? stream_->get() : nullptr);
+  }
+  if (st.ok() && !p.last) {
+    e->offset = p.end;
+    return;
+  }
+  if (st.ok() && (whole || layer_optimizer_[static_cast<size_t>(e->desc.layer)])) {
+    // The whole layer's sum is in place: average it, or take the optimizer step once.
+    st = FinishSum(e);
+  }
+  if (st.ok()) CountTraffic(*e);
+  Finish(e, st);
+}
+
+void Engine::RunFused(const std::vector<Part>& group) {
   size_t total = 0;
   std::vector<ConstByteRange> in;
   std::vector<ByteRange> out;
-  for (Entry* e : group) {
-    const size_t bytes = static_cast<size_t>(e->desc.count) * sizeof(float);
-    in.push_back(ConstByteRange{e->grad.data, bytes});
-    out.push_back(ByteRange{e->grad.data, bytes});
-    total += static_cast<size_t>(e->desc.count);
+  for (const Part& p : group) {
+    const size_t bytes = (p.end - p.begin) * sizeof(float);
+    float* data = static_cast<float*>(p.e->grad.data) + p.begin;
+    in.push_back(ConstByteRange{data, bytes});
+    out.push_back(ByteRange{data, bytes});
+    total += p.end - p.begin;
   }
   const Kernels& k = *kernels_;
-  CallOptions call;
-  call.memory = options_.memory;
-  call.stream = stream_ ? stream_->get() : nullptr;
+  const CallOptions call = Call();
   Status s;
   if (fusion_buf_ == nullptr || fusion_buf_->bytes() < total * sizeof(float)) {
     fusion_buf_.reset();
@@ -822,53 +923,39 @@ void Engine::RunFused(std::vector<Entry*>& group) {
   if (s.ok()) s = backend_->AllReduce(buf, buf, total, DType::kFloat32, call);
   const double t2 = NowUs();
   if (s.ok()) s = k.Unpack(buf, out, call.stream);
-  if (s.ok()) {
-    for (Entry* e : group) {
-      s = FinishSum(e);
-      if (!s.ok()) break;
-      CountTraffic(*e);
-    }
-  }
-  const double t3 = NowUs();
   counters_.fused_groups.fetch_add(1, std::memory_order_relaxed);
   counters_.fused_layers.fetch_add(static_cast<int64_t>(group.size()), std::memory_order_relaxed);
-  for (Entry* e : group) {
-    Record(*e, "pack", t0, t1);
-    Record(*e, "allreduce(fused)", t1, t2);
-    Record(*e, "unpack+finish", t2, t3);
-    Finish(e, s.ok() ? s : s.WithPrefix("fused allreduce: "));
+  for (const Part& p : group) {
+    Record(*p.e, "pack", t0, t1);
+    Record(*p.e, "allreduce(fused)", t1, t2);
+    const double t3 = NowUs();
+    EndPart(p, s.ok() ? s : s.WithPrefix("fused allreduce: "));
+    Record(*p.e, "unpack+finish", t2, t3);
   }
 }
 
-void Engine::RunDirect(Entry* e) {
-  float* data = static_cast<float*>(e->grad.data);
-  const size_t n = static_cast<size_t>(e->desc.count);
-  CallOptions call;
-  call.memory = options_.memory;
-  call.stream = stream_ ? stream_->get() : nullptr;
+void Engine::RunDirect(const Part& p) {
+  Entry* e = p.e;
+  float* data = static_cast<float*>(e->grad.data) + p.begin;
+  const size_t n = p.end - p.begin;
   const double t0 = NowUs();
   Status s;
-  if (n > 0) {
-    s = backend_->AllReduce(data, data, n, DType::kFloat32, call);
-  }
+  if (n > 0) s = backend_->AllReduce(data, data, n, DType::kFloat32, Call());
   const double t1 = NowUs();
-  if (s.ok()) s = FinishSum(e);
-  if (s.ok()) CountTraffic(*e);
-  const double t2 = NowUs();
-  counters_.direct_layers.fetch_add(1, std::memory_order_relaxed);
-  Record(*e, "allreduce", t0, t1);
-  Record(*e, "finish", t1, t2);
-  Finish(e, s);
+  if (p.begin == 0 && p.last) counters_.direct_layers.fetch_add(1, std::memory_order_relaxed);
+  Record(*e, p.last && p.begin == 0 ? "allreduce" : "allreduce(slice)", t0, t1);
+  EndPart(p, s);
 }
 
-void Engine::RunChunked(Entry* e) {
+void Engine::RunChunked(const Part& p) {
   // PHub-style pipeline: the allreduce of chunk i+1 is in flight while chunk i is scaled.
-  float* data = static_cast<float*>(e->grad.data);
-  const size_t n = static_cast<size_t>(e->desc.count);
+  Entry* e = p.e;
+  float* data = static_cast<float*>(e->grad.data) + p.begin;
+  const size_t n = p.end - p.begin;
   const size_t chunk_elems =
       std::max<size_t>(1, static_cast<size_t>(options_.chunk_bytes) / sizeof(float));
   const auto ranges = engine::ChunkRanges(n, chunk_elems);
-  // With an optimizer the step runs once over the whole layer after the last chunk (its state
+  // With an optimizer the step runs once over the whole layer after its last part (its state
   // spans the layer); without one each chunk is averaged while the next is in flight.
   const bool optimizer = layer_optimizer_[static_cast<size_t>(e->desc.layer)];
   Backend& be = *backend_;
@@ -912,10 +999,20 @@ void Engine::RunChunked(Entry* e) {
   }
   // Never leave a posted request behind: MPI may still be writing into the gradient.
   if (current) (void)current->Wait();
-  if (s.ok() && optimizer) s = FinishSum(e);
-  if (s.ok()) CountTraffic(*e);
   counters_.chunked_layers.fetch_add(1, std::memory_order_relaxed);
-  Finish(e, s.ok() ? s : s.WithPrefix("chunked allreduce: "));
+  if (!s.ok()) {
+    Finish(e, s.WithPrefix("chunked allreduce: "));
+    return;
+  }
+  if (!p.last) {
+    counters_.slices.fetch_add(1, std::memory_order_relaxed);
+    e->offset = p.end;
+    return;
+  }
+  if (p.begin > 0) counters_.slices.fetch_add(1, std::memory_order_relaxed);
+  if (optimizer) s = FinishSum(e);
+  if (s.ok()) CountTraffic(*e);
+  Finish(e, s);
 }
 
 void Engine::RunStrategy(Entry* e) {

@@ -89,11 +89,14 @@ struct EngineOptions {
   double stall_warn_s = 60;               // POSEIDON_STALL_WARN_S (0: never warn)
   double stall_abort_s = 300;             // POSEIDON_STALL_ABORT_S (0: never abort)
   long long cycle_us = 1000;              // POSEIDON_CYCLE_US
+  long long fusion_wait_us = 200;         // POSEIDON_FUSION_WAIT_US (0: negotiate at once)
+  long long slice_bytes = 1 << 20;        // POSEIDON_SLICE_BYTES (0: whole layers per cycle)
   std::string timeline;                   // POSEIDON_TIMELINE ("" = off)
   MemoryKind memory = MemoryKind::kHost;  // where the submitted buffers live (as the collective)
 
   static Result<EngineOptions> FromSettings();
-  // Ranges: bytes >= 0, seconds finite and >= 0, cycle in [1, 1000000] us.
+  // Ranges: bytes >= 0, seconds finite and >= 0, cycle in [1, 1000000] us, fusion wait in
+  // [0, 1000000] us.
   Status Validate() const;
 };
 
@@ -170,6 +173,7 @@ struct EngineStats {
   int64_t chunked_layers = 0;   // layers cut into chunks
   int64_t chunks = 0;           // chunk allreduces
   int64_t direct_layers = 0;    // fusible layers exchanged alone
+  int64_t slices = 0;           // partial exchanges of a layer cut by POSEIDON_SLICE_BYTES
   int64_t strategy_layers = 0;  // layers run through HybridCollective::Exchange
   int64_t stall_warnings = 0;   // stall warnings raised (every rank counts them)
 };
@@ -217,10 +221,20 @@ class Engine {
     double submit_us = 0;
     std::unique_ptr<engine::Event> ready;  // device memory: recorded on the caller's stream
     Status local_error;  // a failure on this rank before the exchange (reported by Finish)
+    size_t offset = 0;   // elements already summed by earlier slices (same on every rank)
+    bool started = false;  // checked and timed (its first slice ran or runs this cycle)
+  };
+  // The part [begin, end) of an entry's elements that one op of this cycle sums; `last` when
+  // it reaches the end of the layer (the entry then completes).
+  struct Part {
+    Entry* e = nullptr;
+    size_t begin = 0, end = 0;
+    bool last = true;
   };
   struct Counters {
     std::atomic<int64_t> cycles{0}, completed{0}, fused_groups{0}, fused_layers{0},
-        chunked_layers{0}, chunks{0}, direct_layers{0}, strategy_layers{0}, stall_warnings{0};
+        chunked_layers{0}, chunks{0}, direct_layers{0}, strategy_layers{0}, stall_warnings{0},
+        slices{0};
   };
 
   Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
@@ -236,9 +250,14 @@ class Engine {
   Status GatherMismatch(const std::vector<int>& layers);
   Result<std::string> GatherStall(const std::vector<int>& layers);
   void RunReady(const std::vector<int>& layers);
-  void RunFused(std::vector<Entry*>& group);
-  void RunDirect(Entry* e);
-  void RunChunked(Entry* e);
+  void RunFused(const std::vector<Part>& group);
+  void RunDirect(const Part& p);
+  void RunChunked(const Part& p);
+  // After a part's sum: the layer's tail (FinishSum, traffic, Finish) when it was the last
+  // part, or the failure; a middle slice that succeeded only advances the entry's offset.
+  void EndPart(const Part& p, const Status& s);
+  // Backend options of the engine's own collectives (agreement checked by the negotiation).
+  CallOptions Call() const;
   void RunStrategy(Entry* e);
   // The collective's local tail for a layer the engine summed (average or optimizer step),
   // and its traffic.
