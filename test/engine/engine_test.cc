@@ -193,6 +193,25 @@ TEST(Engine, FusedAndChunkedTogether) {
   EXPECT_EQ(st.chunked_layers, 6);  // 5000 and 70000 floats, three steps
 }
 
+TEST(Engine, SlicedMatchesUnfusedBitwise) {
+  // 16 KiB slices, no fusion: after the gate, one cycle per slice in index order. 5000 floats
+  // run as 12348 + 7652 bytes; 70000 floats as 8732 bytes, 16 x 16384, then 9124 bytes (with
+  // the 3-float layer): 2 + 18 slices per step; the others run whole.
+  EngineOptions o = Options(0, 0);
+  o.slice_bytes = 16 << 10;
+  EngineStats st = RunAndCheck(kSizes, o, 2);
+  EXPECT_EQ(st.slices, 2 * (2 + 18));
+  EXPECT_EQ(st.direct_layers, 2 * 6);
+}
+
+TEST(Engine, SlicedFusedAndChunkedTogether) {
+  EngineOptions o = Options(8 << 10, 12 << 10);
+  o.slice_bytes = 40 << 10;
+  EngineStats st = RunAndCheck(kSizes, o, 2);
+  EXPECT_GT(st.slices, 0);
+  EXPECT_GT(st.chunks, 0);
+}
+
 TEST(Engine, MatchesHybridCollectiveExchange) {
   // The strategy path (HybridCollective::Exchange) and the engine's own paths agree bitwise.
   const int me = World()->rank();
@@ -319,6 +338,16 @@ TEST(Engine, ChunkedWithOptimizerMatchesExchangeBitwise) {
   CheckOptimizerFusion(Options(0, 4 << 10), 2, &st);
   EXPECT_EQ(st.chunked_layers, 2 * 2);
   EXPECT_EQ(st.chunks, 2 * (5 + 2));
+}
+
+TEST(Engine, SlicedWithOptimizerMatchesExchangeBitwise) {
+  EngineStats st;
+  // 4 KiB slices: the Adam and SGD layers are cut; each takes its step once, after its last
+  // slice, and counts its traffic once.
+  EngineOptions o = Options(64 << 10, 0);
+  o.slice_bytes = 4 << 10;
+  CheckOptimizerFusion(o, 2, &st);
+  EXPECT_GT(st.slices, 0);
 }
 
 TEST(Engine, UnfusedWithOptimizerMatchesExchangeBitwise) {

@@ -181,6 +181,34 @@ TEST(Fusion, DisabledFusionAndChunking) {
   EXPECT_TRUE(PlanOps({}, 100, 100).empty());
 }
 
+std::vector<SliceItem> Slices(std::initializer_list<std::pair<size_t, bool>> spec) {
+  std::vector<SliceItem> out;
+  for (const auto& [bytes, sliceable] : spec) {
+    SliceItem it;
+    it.remaining_bytes = bytes;
+    it.elem_bytes = 4;
+    it.sliceable = sliceable;
+    out.push_back(it);
+  }
+  return out;
+}
+
+TEST(Slices, BudgetCutsInIndexOrder) {
+  // Budget 100 bytes: 40 whole, then 62 -> 60 (whole floats), the rest waits.
+  EXPECT_EQ(PlanSlices(Slices({{40, true}, {62, true}, {8, true}, {0, true}}), 100),
+            (std::vector<size_t>{40, 60, 0, 0}));
+  // A strategy layer runs whole or waits; a later small layer may still fit.
+  EXPECT_EQ(PlanSlices(Slices({{40, true}, {80, false}, {20, true}}), 100),
+            (std::vector<size_t>{40, 0, 20}));
+  // The first layer always makes progress: a whole strategy layer, or at least one element.
+  EXPECT_EQ(PlanSlices(Slices({{500, false}, {4, true}}), 100), (std::vector<size_t>{500, 0}));
+  EXPECT_EQ(PlanSlices(Slices({{12, true}}), 2), (std::vector<size_t>{4}));
+  // 0 disables slicing: everything whole.
+  EXPECT_EQ(PlanSlices(Slices({{1 << 20, true}, {7, false}}), 0),
+            (std::vector<size_t>{1 << 20, 7}));
+  EXPECT_TRUE(PlanSlices({}, 100).empty());
+}
+
 TEST(Fusion, ChunkRangesCoverExactly) {
   EXPECT_EQ(ChunkRanges(10, 4), (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 8}, {8, 10}}));
   EXPECT_EQ(ChunkRanges(8, 4), (std::vector<std::pair<size_t, size_t>>{{0, 4}, {4, 8}}));
