@@ -38,6 +38,14 @@
 // may keep calling MPI on their own communicators; with MPI_THREAD_SERIALIZED it runs but logs
 // that the user must not call MPI at all while it runs; below that Create fails (kUnavailable).
 //
+// Latency (what decides scaling on a slow network, measured in bench/cluster): the engine's
+// own allreduces pass CallOptions::agreed (the negotiation already agreed on count and dtype,
+// so the backend skips its argument-agreement allreduce); an idle engine woken by a submission
+// waits up to POSEIDON_FUSION_WAIT_US so that layers handed over right after it share one
+// negotiation and one fused allreduce; and one cycle runs at most POSEIDON_SLICE_BYTES of dense
+// work, lowest layer first, so the layer the next forward pass needs first (conv1: last in the
+// backward pass) waits for one slice, never for a whole large layer (fusion.h, PlanSlices).
+//
 // Fusion and chunking: float32 dense allreduce layers (no factors), with or without an
 // optimizer, are summed by the engine itself (fusion buffer, chunks, or alone on their own
 // buffer); the collective then finishes each layer (HybridCollective::FinishDenseSum: the 1/P
