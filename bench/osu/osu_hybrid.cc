@@ -12,8 +12,11 @@
 //     POSEIDON_COST_CACHE) and the planner's settings (POSEIDON_STRATEGY etc.).
 //  3. Inputs with exactly known averages, whatever strategy a layer gets:
 //       dense layer:  rank r's gradient is (r + 1) F(i); the average S F(i) / P, S = P(P+1)/2;
-//       sparse layer: k = ceil(d n) non-zeros per rank at known positions (as osu_topk), so
-//                     top-k sends all of them, exactly, and leaves a zero residual;
+//       sparse layer: k = ceil(d n) large entries per rank at known positions and small
+//                     noise elsewhere (as osu_topk): top-k sends exactly the large ones, so a
+//                     compressed layer's average is that of the large entries; a layer that
+//                     runs dense (another strategy, or under POSEIDON_TOPK_MIN_ELEMENTS)
+//                     averages everything, exactly too (the noise sums are exact);
 //       FC layer:     factors U (K x M) and V (K x N) of small integers, gradient U^T V formed
 //                     by the strategy (sfb rebuilds the sum from every rank's factors,
 //                     allreduce forms it and sums it); every partial sum is an integer < 2^24.
@@ -21,7 +24,7 @@
 //     stream synchronization. Layers work in place, so the inputs are restored before each
 //     run outside the timed region (PoisonOutput; a warm-up run restores them itself).
 //  5. Check: every element of dense and sparse layers bitwise against float(sum) * (1/P) (the
-//     strategies' own operation), sampled entries of FC layers (all of them up to 65536) with
+//     strategies' own operation; for a compressed layer the sum of the large entries), sampled entries of FC layers (all of them up to 65536) with
 //     their sums recomputed from the factors: bitwise when P is a power of two (1/P exact),
 //     else within 2 ulp (sfb folds 1/P into its GEMM). The peer's sums are checked whole.
 //  6. Extra columns: the plan (layers per strategy), bytes this rank sent per iteration and
@@ -36,6 +39,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -135,24 +139,46 @@ class HybridBench : public Collective {
     // Host inputs and exact sums (every rank builds every rank's contribution).
     input_.assign(total_, 0.0f);
     want_sum_.assign(total_, 0.0f);
+    want_avg_.assign(total_, 0.0f);
+    const float inv = 1.0f / static_cast<float>(world);
     std::vector<float> u_host(u_off), v_host(v_off);
     const double s_ranks = world * (world + 1) / 2.0;
     for (Layer& l : layers_) {
       float* in = input_.data() + l.offset;
       float* sum = want_sum_.data() + l.offset;
+      float* avg = want_avg_.data() + l.offset;
       const LayerSpec& spec = hc_->layer(l.id);
       if (spec.kind == LayerKind::kSparse) {
         l.sparse = true;
         const size_t k = strategy_internal::TopkCount(spec);
         const size_t s = l.n / k, h = (k + 1) / 2;
+        const bool compressed =
+            l.strategy == StrategyKind::kTopk &&
+            static_cast<long long>(l.n) >= spec.topk.min_elements.value_or(0);
+        std::vector<unsigned char> large(l.n, 0);
         for (int r = 0; r < world; ++r) {
           for (size_t j = 0; j < k; ++j) {
             size_t mm = static_cast<size_t>(r) * h + j;
             size_t pos = (mm * s) % l.n;
             float v = static_cast<float>((r + 1) * FormulaF(mm)) * (mm % 2 == 0 ? 1.0f : -1.0f);
             sum[pos] += v;  // rank order, as the scatter-add
+            large[pos] = 1;
             if (r == ctx.rank) in[pos] = v;
           }
+        }
+        if (compressed) {
+          for (size_t i = 0; i < l.n; ++i) avg[i] = sum[i] * inv;
+        }
+        for (size_t i = 0; i < l.n; ++i) {
+          if (large[i]) continue;
+          for (int r = 0; r < world; ++r) {
+            float v = Noise(r, l.offset + i);
+            sum[i] += v;
+            if (r == ctx.rank) in[i] = v;
+          }
+        }
+        if (!compressed) {
+          for (size_t i = 0; i < l.n; ++i) avg[i] = sum[i] * inv;
         }
       } else if (spec.kind == LayerKind::kFullyConnected) {
         // The peer sends the dense formula; ours sends factors.
@@ -183,6 +209,7 @@ class HybridBench : public Collective {
       } else {
         FillFormula(DType::kFloat32, ctx.rank + 1.0, 0, l.n, in);
         FillFormula(DType::kFloat32, s_ranks, 0, l.n, sum);
+        for (size_t i = 0; i < l.n; ++i) avg[i] = sum[i] * inv;
       }
     }
     const size_t bytes = total_ * sizeof(float);
@@ -269,11 +296,7 @@ class HybridBench : public Collective {
         }
         continue;
       }
-      const float* sum = want_sum_.data() + l.offset;
-      for (size_t i = 0; i < l.n; ++i) {
-        float want = sum[i] * inv;
-        wrong += std::memcmp(&g[i], &want, sizeof(float)) != 0 ? 1 : 0;
-      }
+      wrong += CountMismatches(DType::kFloat32, g, want_avg_.data() + l.offset, l.n);
     }
     return wrong;
   }
@@ -303,6 +326,7 @@ class HybridBench : public Collective {
     peer_recv_.Free();
     input_ = {};
     want_sum_ = {};
+    want_avg_ = {};
     got_ = {};
   }
 
@@ -317,6 +341,15 @@ class HybridBench : public Collective {
   };
 
   Status Restore() { return grad_.Upload(input_.data(), total_ * sizeof(float)); }
+  // +-(1..1024) x 2^-30 from a hash of (rank, index), as osu_topk: never zero, and sums of a
+  // few thousand of them are exact in float32.
+  static float Noise(int rank, size_t i) {
+    uint64_t x = (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) *
+                 0xD1B54A32D192ED03ull;
+    x ^= x >> 29;
+    float mag = std::ldexp(static_cast<float>((x >> 8) % 1024 + 1), -30);
+    return (x & 1) ? -mag : mag;
+  }
   std::string PlanText() const {
     std::string s;
     for (const auto& [name, n] : plan_counts_) s += StrCat(s.empty() ? "" : ",", name, "=", n);
@@ -332,7 +365,7 @@ class HybridBench : public Collective {
   std::map<std::string, int> plan_counts_;
   int64_t step_ = 0;
   Buffer grad_, u_, v_, peer_send_, peer_recv_;
-  std::vector<float> input_, want_sum_, got_;
+  std::vector<float> input_, want_sum_, want_avg_, got_;
   bool restored_ = false, last_peer_ = false;
   double bytes_sent_ = 0, dense_bytes_ = 0;
 };

@@ -7,11 +7,15 @@
 //     fused residual top-k selection (k = ceil(D n)), one allgather of the k (index, value)
 //     pairs of every rank, scatter-add in rank order and the 1/P average.
 //  2. Inputs are built so that the selection and the sums are known exactly: rank r's
-//     gradient has exactly k non-zero entries, (r + 1) F(m) with alternating signs, at
-//     positions (m s) mod n for m in [r h, r h + k) (s = n / k, h = ceil(k / 2): neighbouring
-//     ranks share half their positions), zeros elsewhere. Top-k then picks exactly those k
-//     entries, sends them exactly and leaves a zero residual, so every run starts from the
-//     same state, and the average is (float) sum * (1/P), summed in rank order, bitwise.
+//     gradient has exactly k large entries, (r + 1) F(m) with alternating signs, at positions
+//     (m s) mod n for m in [r h, r h + k) (s = n / k, h = ceil(k / 2): neighbouring ranks share
+//     half their positions). Every other entry is small noise, a multiple of 2^-30 below
+//     2^-20 in magnitude, zero where any rank has a large entry (so the peer's sums stay exact
+//     in any order). Top-k picks exactly the k large entries (the residual at their positions
+//     is zero before each run; the noise accumulates elsewhere but stays below 1 for 2^20
+//     runs), so the average is (float) sum of the large entries * (1/P), summed in rank order,
+//     bitwise. --zero-rest makes the noise exact zeros: every unselected entry ties, the worst
+//     case for a threshold-search selection (and the residual stays zero).
 //  3. The exchange is in place (the gradient buffer becomes the average), so the input is
 //     restored before every run, outside the timed region (the timed runs restore it in
 //     PoisonOutput; a warm-up run restores it itself, untimed).
@@ -23,9 +27,11 @@
 //
 // Options: the harness's (-m -i -x -f -d --json --no-peer; -T float32 only) and
 //   -D DENSITY   fraction of entries sent per exchange, in (0, 1] (default 0.001)
+//   --zero-rest  unselected entries are exact zeros instead of small noise
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,11 +49,12 @@ namespace {
 
 class TopkBench : public Collective {
  public:
-  explicit TopkBench(double density) : density_(density) {}
+  TopkBench(double density, bool zero_rest) : density_(density), zero_rest_(zero_rest) {}
 
   std::string program() const override { return "osu_topk"; }
   std::string ours_name() const override {
-    return StrCat("HybridCollective topk exchange (density ", density_, ")");
+    return StrCat("HybridCollective topk exchange (density ", density_,
+                  zero_rest_ ? ", zeros elsewhere" : ", small noise elsewhere", ")");
   }
   std::string peer_name() const override { return "MPI_Allreduce"; }
   // Dense-equivalent: the same factor as the peer, so the busbw ratio is peer time / ours.
@@ -84,6 +91,7 @@ class TopkBench : public Collective {
     const int world = ctx.world;
     const size_t s = n_ / k_, h = (k_ + 1) / 2;
     std::vector<float> sum(n_, 0.0f);
+    std::vector<unsigned char> large(n_, 0);  // any rank has a large entry here
     input_.assign(n_, 0.0f);
     for (int r = 0; r < world; ++r) {
       for (size_t j = 0; j < k_; ++j) {
@@ -91,13 +99,25 @@ class TopkBench : public Collective {
         size_t pos = (m * s) % n_;
         float v = static_cast<float>((r + 1) * FormulaF(m)) * (m % 2 == 0 ? 1.0f : -1.0f);
         sum[pos] += v;  // rank order 0..P-1, as the scatter-add
+        large[pos] = 1;
         if (r == ctx.rank) input_[pos] = v;
       }
     }
-    want_sum_ = sum;
     const float inv = 1.0f / static_cast<float>(world);
     want_avg_.resize(n_);
     for (size_t i = 0; i < n_; ++i) want_avg_[i] = sum[i] * inv;
+    if (!zero_rest_) {
+      // Noise: sums of at most a few thousand multiples of 2^-30 below 2^-20 are exact.
+      for (size_t i = 0; i < n_; ++i) {
+        if (large[i]) continue;
+        for (int r = 0; r < world; ++r) {
+          float v = Noise(r, i);
+          sum[i] += v;
+          if (r == ctx.rank) input_[i] = v;
+        }
+      }
+    }
+    want_sum_ = std::move(sum);
 
     const size_t bytes = n_ * sizeof(float);
     PSD_CHECK(grad_.Allocate(ctx.memory, bytes));
@@ -175,7 +195,18 @@ class TopkBench : public Collective {
  private:
   Status Restore() { return grad_.Upload(input_.data(), n_ * sizeof(float)); }
 
+  // +-(1..1024) x 2^-30, from a multiplicative hash of (rank, index): varied magnitudes, as
+  // real gradients have, never zero.
+  static float Noise(int rank, size_t i) {
+    uint64_t x = (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) *
+                 0xD1B54A32D192ED03ull;
+    x ^= x >> 29;
+    float mag = std::ldexp(static_cast<float>((x >> 8) % 1024 + 1), -30);
+    return (x & 1) ? -mag : mag;
+  }
+
   double density_;
+  bool zero_rest_;
   Context ctx_;
   size_t n_ = 0, k_ = 0;
   std::unique_ptr<HybridCollective> hc_;
@@ -199,10 +230,13 @@ bool IsFirstRank() {
 int main(int argc, char** argv) {
   // -D is ours; everything else goes to the harness.
   double density = 0.001;
+  bool zero_rest = false;
   std::vector<char*> rest = {argv[0]};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "-D" || a == "--density") {
+    if (a == "--zero-rest") {
+      zero_rest = true;
+    } else if (a == "-D" || a == "--density") {
       const char* text = i + 1 < argc ? argv[++i] : "";
       char* end = nullptr;
       density = std::strtod(text, &end);
@@ -219,7 +253,8 @@ int main(int argc, char** argv) {
     } else {
       if (a == "-h" || a == "--help") {
         if (poseidon::osu::IsFirstRank()) {
-          std::printf("osu_topk options: -D DENSITY (fraction sent, (0, 1], default 0.001); "
+          std::printf("osu_topk options: -D DENSITY (fraction sent, (0, 1], default 0.001), "
+                      "--zero-rest (unselected entries exact zeros, not small noise); "
                       "the harness's below (-T float32 only)\n");
         }
       }
@@ -228,6 +263,6 @@ int main(int argc, char** argv) {
   }
   rest.push_back(nullptr);
   int rest_argc = static_cast<int>(rest.size()) - 1;
-  poseidon::osu::TopkBench bench(density);
+  poseidon::osu::TopkBench bench(density, zero_rest);
   return poseidon::osu::RunMain(rest_argc, rest.data(), bench);
 }
