@@ -18,6 +18,7 @@
 #include "bindings/c/engine_bridge.h"
 #include "bindings/c/registry.h"
 #include "collectives/layer.h"
+#include "runtime/arg_check.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
 
@@ -74,12 +75,12 @@ Result<MemoryKind> CheckMemoryArg(psdMemory_t memory) {
   return static_cast<MemoryKind>(m);
 }
 
-Result<CallOptions> CallOptionsFor(CommState& s, psdMemory_t memory, void* stream,
-                                   Backend** backend) {
+// Local checks only: the backend lookup that follows may be collective (the first device
+// call makes the device backend), so it must come after the ranks have agreed to go on.
+Result<CallOptions> CallOptionsFor(psdMemory_t memory, void* stream) {
   PSD_ASSIGN_OR_RETURN(MemoryKind kind, CheckMemoryArg(memory));
   PSD_REQUIRE_ARG(kind == MemoryKind::kDevice || stream == nullptr, "stream ", stream,
                   " was given for host memory; expected NULL");
-  PSD_ASSIGN_OR_RETURN(*backend, s.comm->backend(kind));
   CallOptions opts;
   opts.memory = kind;
   opts.stream = stream;
@@ -94,6 +95,21 @@ Status CheckBufferArg(const char* name, const void* p, size_t count, psdDataType
   PSD_REQUIRE_ARG(count <= std::numeric_limits<size_t>::max() / elem, "count ", count,
                   " elements overflows the address space");
   return Status::Ok();
+}
+
+// A blocking collective's arguments are checked here before the backend sees them. An error
+// found on one rank alone must not leave the peers waiting in the backend's argument agreement
+// (bindings/c/poseidon.h promises that a bad argument on one rank fails the call on all ranks):
+// this rank joins that agreement with its error, so every peer fails too and its message names
+// this rank and the cause. Without POSEIDON_CHECK_ARGS the peers run no agreement to join.
+Status FailCollectiveTogether(CommState& s, const char* backend_call, const Status& local) {
+  if (local.ok() || !settings::CheckArgs()) return local;
+  CollectiveArgs args;
+  args.call = backend_call;
+  args.local = local.WithPrefix(StrCat("psd", backend_call, ": "));
+  Status ignored = AgreeOnArgs(s.comm->mpi_comm(), args);
+  (void)ignored;  // this rank reports its own error, not the agreement's
+  return local;
 }
 
 // Copies `text` into a caller buffer with the size-query convention of the header.
@@ -404,11 +420,16 @@ psdResult_t psdGetSetting(const char* name, char* buf, size_t* size) {
 psdResult_t psdAllReduce(psdComm_t comm, const void* send, void* recv, size_t count,
                          psdDataType_t dtype, psdMemory_t memory, void* stream) {
   return WithComm("psdAllReduce", comm, [&](CommState& s) -> Status {
-    PSD_CHECK(capi::CheckDTypeArg(dtype));
-    PSD_CHECK(capi::CheckBufferArg("send", send, count, dtype));
-    PSD_CHECK(capi::CheckBufferArg("recv", recv, count, dtype));
     Backend* be = nullptr;
-    PSD_ASSIGN_OR_RETURN(CallOptions opts, capi::CallOptionsFor(s, memory, stream, &be));
+    CallOptions opts;
+    PSD_CHECK(capi::FailCollectiveTogether(s, "AllReduce", [&]() -> Status {
+      PSD_CHECK(capi::CheckDTypeArg(dtype));
+      PSD_CHECK(capi::CheckBufferArg("send", send, count, dtype));
+      PSD_CHECK(capi::CheckBufferArg("recv", recv, count, dtype));
+      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
+      return Status::Ok();
+    }()));
+    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
     return be->AllReduce(send, recv, count, static_cast<DType>(dtype), opts);
   });
 }
@@ -416,14 +437,19 @@ psdResult_t psdAllReduce(psdComm_t comm, const void* send, void* recv, size_t co
 psdResult_t psdReduceScatter(psdComm_t comm, const void* send, void* recv, size_t recv_count,
                              psdDataType_t dtype, psdMemory_t memory, void* stream) {
   return WithComm("psdReduceScatter", comm, [&](CommState& s) -> Status {
-    PSD_CHECK(capi::CheckDTypeArg(dtype));
     size_t world = static_cast<size_t>(s.comm->size());
-    PSD_REQUIRE_ARG(recv_count <= std::numeric_limits<size_t>::max() / world, "recv_count ",
-                    recv_count, " times ", world, " ranks overflows");
-    PSD_CHECK(capi::CheckBufferArg("send", send, recv_count * world, dtype));
-    PSD_CHECK(capi::CheckBufferArg("recv", recv, recv_count, dtype));
     Backend* be = nullptr;
-    PSD_ASSIGN_OR_RETURN(CallOptions opts, capi::CallOptionsFor(s, memory, stream, &be));
+    CallOptions opts;
+    PSD_CHECK(capi::FailCollectiveTogether(s, "ReduceScatter", [&]() -> Status {
+      PSD_CHECK(capi::CheckDTypeArg(dtype));
+      PSD_REQUIRE_ARG(recv_count <= std::numeric_limits<size_t>::max() / world, "recv_count ",
+                      recv_count, " times ", world, " ranks overflows");
+      PSD_CHECK(capi::CheckBufferArg("send", send, recv_count * world, dtype));
+      PSD_CHECK(capi::CheckBufferArg("recv", recv, recv_count, dtype));
+      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
+      return Status::Ok();
+    }()));
+    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
     std::vector<size_t> counts(world, recv_count);
     return be->ReduceScatter(send, recv, counts, static_cast<DType>(dtype), opts);
   });
@@ -432,14 +458,19 @@ psdResult_t psdReduceScatter(psdComm_t comm, const void* send, void* recv, size_
 psdResult_t psdAllGather(psdComm_t comm, const void* send, void* recv, size_t send_count,
                          psdDataType_t dtype, psdMemory_t memory, void* stream) {
   return WithComm("psdAllGather", comm, [&](CommState& s) -> Status {
-    PSD_CHECK(capi::CheckDTypeArg(dtype));
     size_t world = static_cast<size_t>(s.comm->size());
-    PSD_REQUIRE_ARG(send_count <= std::numeric_limits<size_t>::max() / world, "send_count ",
-                    send_count, " times ", world, " ranks overflows");
-    PSD_CHECK(capi::CheckBufferArg("send", send, send_count, dtype));
-    PSD_CHECK(capi::CheckBufferArg("recv", recv, send_count * world, dtype));
     Backend* be = nullptr;
-    PSD_ASSIGN_OR_RETURN(CallOptions opts, capi::CallOptionsFor(s, memory, stream, &be));
+    CallOptions opts;
+    PSD_CHECK(capi::FailCollectiveTogether(s, "AllGather", [&]() -> Status {
+      PSD_CHECK(capi::CheckDTypeArg(dtype));
+      PSD_REQUIRE_ARG(send_count <= std::numeric_limits<size_t>::max() / world, "send_count ",
+                      send_count, " times ", world, " ranks overflows");
+      PSD_CHECK(capi::CheckBufferArg("send", send, send_count, dtype));
+      PSD_CHECK(capi::CheckBufferArg("recv", recv, send_count * world, dtype));
+      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
+      return Status::Ok();
+    }()));
+    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
     return be->AllGather(send, recv, send_count, static_cast<DType>(dtype), opts);
   });
 }
@@ -447,12 +478,17 @@ psdResult_t psdAllGather(psdComm_t comm, const void* send, void* recv, size_t se
 psdResult_t psdBroadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t dtype, int root,
                          psdMemory_t memory, void* stream) {
   return WithComm("psdBroadcast", comm, [&](CommState& s) -> Status {
-    PSD_CHECK(capi::CheckDTypeArg(dtype));
-    PSD_CHECK(capi::CheckBufferArg("buf", buf, count, dtype));
     // The root is checked by the backend's cross-rank agreement (every rank learns of a bad
     // root on any rank).
     Backend* be = nullptr;
-    PSD_ASSIGN_OR_RETURN(CallOptions opts, capi::CallOptionsFor(s, memory, stream, &be));
+    CallOptions opts;
+    PSD_CHECK(capi::FailCollectiveTogether(s, "Broadcast", [&]() -> Status {
+      PSD_CHECK(capi::CheckDTypeArg(dtype));
+      PSD_CHECK(capi::CheckBufferArg("buf", buf, count, dtype));
+      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
+      return Status::Ok();
+    }()));
+    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
     return be->Broadcast(buf, count, static_cast<DType>(dtype), root, opts);
   });
 }

@@ -168,6 +168,44 @@ TEST_F(CApi, CollectiveArgumentsAreChecked) {
   EXPECT_EQ(x[3], 4.0f * size);
 }
 
+// An argument the C layer itself refuses (NULL buffer, unknown dtype, a stream for host memory)
+// on the last rank alone: every rank fails instead of the others waiting for it.
+TEST_F(CApi, ArgumentErrorOnOneRankFailsEveryRank) {
+  int rank = 0, size = 0;
+  ASSERT_EQ(psdCommRank(comm_, &rank), psdSuccess);
+  ASSERT_EQ(psdCommSize(comm_, &size), psdSuccess);
+  const int bad = size - 1;
+  const bool me = rank == bad;
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  float y[8] = {0};
+  auto expect_every_rank_fails = [&](psdResult_t r, const std::string& cause) {
+    EXPECT_EQ(r, psdInvalidArgument) << Last(comm_);
+    EXPECT_NE(Last(comm_).find(cause), std::string::npos) << Last(comm_);
+    if (!me) {
+      EXPECT_NE(Last(comm_).find("rank " + std::to_string(bad) + " passed an invalid argument"),
+                std::string::npos)
+          << Last(comm_);
+    }
+  };
+  expect_every_rank_fails(
+      psdAllReduce(comm_, x, me ? nullptr : y, 4, psdFloat32, psdMemHost, nullptr),
+      "recv is NULL for 4 elements");
+  expect_every_rank_fails(
+      psdReduceScatter(comm_, x, y, 1, me ? static_cast<psdDataType_t>(9) : psdFloat32,
+                       psdMemHost, nullptr),
+      "dtype 9 is unknown");
+  expect_every_rank_fails(
+      psdAllGather(comm_, me ? nullptr : x, y, 1, psdFloat32, psdMemHost, nullptr),
+      "send is NULL for 1 elements");
+  expect_every_rank_fails(
+      psdBroadcast(comm_, x, 4, psdFloat32, 0, psdMemHost, me ? static_cast<void*>(y) : nullptr),
+      "was given for host memory");
+  // The communicator still works afterwards, on every rank.
+  ASSERT_EQ(psdAllReduce(comm_, x, y, 4, psdFloat32, psdMemHost, nullptr), psdSuccess)
+      << Last(comm_);
+  EXPECT_EQ(y[3], 4.0f * size);
+}
+
 TEST_F(CApi, LayerConfigErrorsNameTheField) {
   psdLayerConfig_t cfg;
   ASSERT_EQ(psdLayerConfigInit(&cfg), psdSuccess);
