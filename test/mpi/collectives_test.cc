@@ -11,6 +11,7 @@
 #include "runtime/half.h"
 #include "runtime/settings.h"
 #include "runtime/shard.h"
+#include "test/mpi/typed_buffer.h"
 #include "test/mpi_test_main.h"
 
 namespace poseidon {
@@ -20,36 +21,7 @@ using testing::World;
 
 double F(size_t i) { return static_cast<double>(i % 7 + 1); }
 
-// Typed storage for one dtype, filled from doubles and read back as doubles.
-struct Buf {
-  DType dtype;
-  std::vector<unsigned char> bytes;
-  Buf(DType d, size_t n) : dtype(d), bytes(n * DTypeSize(d) + 1) {}
-  void* data() { return bytes.data(); }
-  void Set(size_t i, double v) {
-    unsigned char* p = bytes.data() + i * DTypeSize(dtype);
-    switch (dtype) {
-      case DType::kFloat32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-      case DType::kFloat64: std::memcpy(p, &v, 8); break;
-      case DType::kFloat16: { uint16_t x = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DType::kBFloat16: { uint16_t x = FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-    }
-  }
-  double Get(size_t i) const {
-    const unsigned char* p = bytes.data() + i * DTypeSize(dtype);
-    switch (dtype) {
-      case DType::kFloat32: { float x; std::memcpy(&x, p, 4); return x; }
-      case DType::kFloat64: { double x; std::memcpy(&x, p, 8); return x; }
-      case DType::kFloat16: { uint16_t x; std::memcpy(&x, p, 2); return HalfToFloat(x); }
-      case DType::kBFloat16: { uint16_t x; std::memcpy(&x, p, 2); return BFloat16ToFloat(x); }
-      case DType::kInt32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-      case DType::kInt64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    }
-    return 0;
-  }
-};
+using Buf = testing::TypedBuffer;
 
 const DType kAllTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
                            DType::kBFloat16, DType::kInt32,   DType::kInt64};

@@ -20,6 +20,7 @@
 #include "runtime/settings.h"
 #include "runtime/shard.h"
 #include "runtime/shm_collectives.h"
+#include "test/mpi/typed_buffer.h"
 #include "test/mpi_test_main.h"
 
 namespace poseidon {
@@ -36,36 +37,7 @@ double X(int r, size_t i) {
   return static_cast<double>(h % 2000001) / 1000.0 - 1000.0;  // in [-1000, 1000]
 }
 
-struct Buf {
-  DType dtype;
-  std::vector<unsigned char> bytes;
-  Buf(DType d, size_t n) : dtype(d), bytes(n * DTypeSize(d) + 8, 0xA5) {}
-  void* data() { return bytes.data(); }
-  size_t used(size_t n) const { return n * DTypeSize(dtype); }
-  void Set(size_t i, double v) {
-    unsigned char* p = bytes.data() + i * DTypeSize(dtype);
-    switch (dtype) {
-      case DType::kFloat32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-      case DType::kFloat64: std::memcpy(p, &v, 8); break;
-      case DType::kFloat16: { uint16_t x = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DType::kBFloat16: { uint16_t x = FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-    }
-  }
-  double Get(size_t i) const {
-    const unsigned char* p = bytes.data() + i * DTypeSize(dtype);
-    switch (dtype) {
-      case DType::kFloat32: { float x; std::memcpy(&x, p, 4); return x; }
-      case DType::kFloat64: { double x; std::memcpy(&x, p, 8); return x; }
-      case DType::kFloat16: { uint16_t x; std::memcpy(&x, p, 2); return HalfToFloat(x); }
-      case DType::kBFloat16: { uint16_t x; std::memcpy(&x, p, 2); return BFloat16ToFloat(x); }
-      case DType::kInt32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-      case DType::kInt64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    }
-    return 0;
-  }
-};
+using Buf = testing::TypedBuffer;
 
 // The value rank r stores for X(r, i) in this dtype, read back (what the reduction sees).
 double Stored(DType dt, int r, size_t i) {
