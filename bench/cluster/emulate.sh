@@ -182,8 +182,12 @@ for p in $HOSTS; do
   hostlist="n0"
   for ((i = 1; i < p; i++)); do hostlist="$hostlist,n$i"; done
   export POSEIDON_COST_CACHE="$WORK/cost-P$p.txt"
-  cmd="timeout -k 10 $TIMEOUT_S mpirun -np $p --host $hostlist $(echo $MPIRUN_FLAGS)
-    -x POSEIDON_COST_CACHE $TRAINER --model $MODEL --scale-params $SCALE
+  # Engine settings of the caller (POSEIDON_TIMELINE, POSEIDON_PIPELINE_NEGOTIATION, ...) reach
+  # every emulated host.
+  fwd=""
+  for v in $(env | sed -n 's/^\(POSEIDON_[A-Z0-9_]*\)=.*/\1/p'); do fwd="$fwd -x $v"; done
+  cmd="timeout -k 10 $TIMEOUT_S mpirun -np $p --host $hostlist $(echo $MPIRUN_FLAGS) $fwd
+    $TRAINER --model $MODEL --scale-params $SCALE
     --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS --warmup $WARMUP --modes $MODES
     --link-gbit $LINK_GBIT --network emulated-hosts-$RATE"
   echo "=== P=$p: $(echo $cmd)" | tee -a "$LOG"

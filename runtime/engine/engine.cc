@@ -4,7 +4,12 @@
 //   2. Fill the negotiation vector: the head of each non-empty queue marks its layer ready and
 //      contributes its descriptor hash; flags for a local error, a stall past the warn / abort
 //      limits, a requested shutdown.
-//   3. MPI_Iallreduce(BOR) of the vector, polled with growing sleeps (no spinning).
+//   3. MPI_Iallreduce(BOR) of the vector, polled with growing sleeps (no spinning). Pipelined
+//      (POSEIDON_PIPELINE_NEGOTIATION): a cycle that runs layers plans its ops first, which
+//      leaves the queues as the cycle will leave them, then posts the next cycle's vector and
+//      only then runs the exchanges; the next cycle waits for that reduction (done by then on a
+//      busy engine) instead of starting one. Every rank posts it at the same point, since they
+//      all decided to run the same layers.
 //   4. Decide from the reduced vector (identical on every rank):
 //        error flag        -> gather every rank's error text, fail everywhere;
 //        hash mismatch     -> gather every rank's waiting descriptors, fail with kMismatch;
@@ -56,6 +61,7 @@ Result<EngineOptions> EngineOptions::FromSettings() {
   o.cycle_us = settings::CycleUs();
   o.fusion_wait_us = settings::FusionWaitUs();
   o.slice_bytes = settings::SliceBytes();
+  o.pipeline_negotiation = settings::PipelineNegotiation();
   o.timeline = settings::Timeline();
   PSD_CHECK(o.Validate());
   return o;
@@ -382,6 +388,7 @@ EngineStats Engine::stats() const {
   s.slices = counters_.slices.load();
   s.strategy_layers = counters_.strategy_layers.load();
   s.stall_warnings = counters_.stall_warnings.load();
+  s.pipelined = counters_.pipelined.load();
   return s;
 }
 
@@ -430,40 +437,20 @@ void Engine::Fail(const Status& s, bool clean) {
   }
 }
 
-bool Engine::Cycle() {
-  // 1. New submissions.
-  bool shutdown = false;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!ran_last_cycle_ && incoming_.empty() && local_errors_.empty() && !shutdown_requested_) {
-      cv_.wait_for(lock, std::chrono::microseconds(options_.cycle_us), [&] {
-        return !incoming_.empty() || !local_errors_.empty() || shutdown_requested_;
-      });
-    }
-    if (!ran_last_cycle_ && !incoming_.empty() && options_.fusion_wait_us > 0 &&
-        local_errors_.empty() && !shutdown_requested_) {
-      // An idle engine woken by a submission: layers handed over right after it (a bias after
-      // its weights, layers with little compute between them) join this cycle's exchange
-      // instead of costing a negotiation and a collective each. The window runs from the
-      // first new submission, so a late wake-up does not add to it.
-      const double until_us = incoming_.front().submit_us + options_.fusion_wait_us;
-      const double left_us = until_us - NowUs();
-      if (left_us > 0) {
-        cv_.wait_for(lock, std::chrono::microseconds(static_cast<long long>(left_us)),
-                     [&] { return !local_errors_.empty() || shutdown_requested_; });
-      }
-    }
-    for (auto& e : incoming_) queues_[static_cast<size_t>(e.desc.layer)].push_back(std::move(e));
-    incoming_.clear();
-    for (auto& m : local_errors_) {
-      exec_error_ += (exec_error_.empty() ? "" : "; ") + m;
-      if (exec_error_code_ == StatusCode::kOk) exec_error_code_ = StatusCode::kInvalidArgument;
-    }
-    local_errors_.clear();
-    shutdown = shutdown_requested_;
+bool Engine::TakeIncoming() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!incoming_.empty()) unannounced_ = true;
+  for (auto& e : incoming_) queues_[static_cast<size_t>(e.desc.layer)].push_back(std::move(e));
+  incoming_.clear();
+  for (auto& m : local_errors_) {
+    exec_error_ += (exec_error_.empty() ? "" : "; ") + m;
+    if (exec_error_code_ == StatusCode::kOk) exec_error_code_ = StatusCode::kInvalidArgument;
   }
+  local_errors_.clear();
+  return shutdown_requested_;
+}
 
-  // 2. This rank's contribution.
+void Engine::BuildVector(bool shutdown) {
   NegotiationVector& send = *send_vec_;
   send.Clear();
   const double now = NowUs();
@@ -483,14 +470,50 @@ bool Engine::Cycle() {
   }
   if (!exec_error_.empty()) send.SetFlag(engine::kFlagError);
   if (shutdown) send.SetFlag(engine::kFlagShutdown);
+  unannounced_ = false;
+}
 
-  // 3. One reduction.
-  Status ns = Negotiate();
+bool Engine::Cycle() {
+  // 1. New submissions. An engine whose next negotiation is already in flight (posted while
+  // the last exchange ran) goes straight to it; so does one holding unannounced work.
+  if (!negotiation_pending_) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ran_last_cycle_ && !unannounced_ && incoming_.empty() && local_errors_.empty() &&
+        !shutdown_requested_) {
+      cv_.wait_for(lock, std::chrono::microseconds(options_.cycle_us), [&] {
+        return !incoming_.empty() || !local_errors_.empty() || shutdown_requested_;
+      });
+    }
+    if (!ran_last_cycle_ && !incoming_.empty() && options_.fusion_wait_us > 0 &&
+        local_errors_.empty() && !shutdown_requested_) {
+      // An idle engine woken by a submission: layers handed over right after it (a bias after
+      // its weights, layers with little compute between them) join this cycle's exchange
+      // instead of costing a negotiation and a collective each. The window runs from the
+      // first new submission, so a late wake-up does not add to it.
+      const double until_us = incoming_.front().submit_us + options_.fusion_wait_us;
+      const double left_us = until_us - NowUs();
+      if (left_us > 0) {
+        cv_.wait_for(lock, std::chrono::microseconds(static_cast<long long>(left_us)),
+                     [&] { return !local_errors_.empty() || shutdown_requested_; });
+      }
+    }
+  }
+  const bool shutdown = TakeIncoming();
+
+  // 2-3. This rank's contribution and one reduction (unless the pipelined one is in flight:
+  // it describes the queues exactly as the last cycle left them, see PostNext).
+  Status ns = post_error_;
+  if (ns.ok() && !negotiation_pending_) {
+    BuildVector(shutdown);
+    ns = PostNegotiation();
+  }
+  if (ns.ok()) ns = WaitNegotiation();
   if (!ns.ok()) {
     Fail(ns, false);
     return false;
   }
   counters_.cycles.fetch_add(1, std::memory_order_relaxed);
+  const double now = NowUs();
   const NegotiationVector& r = *recv_vec_;
 
   // 4. Decisions every rank takes alike.
@@ -557,20 +580,45 @@ bool Engine::Cycle() {
   return true;
 }
 
-Status Engine::Negotiate() {
-  MPI_Request req = MPI_REQUEST_NULL;
+Status Engine::PostNegotiation() {
+  negotiation_req_ = MPI_REQUEST_NULL;
   int rc = MPI_Iallreduce(send_vec_->data(), recv_vec_->data(), send_vec_->size(), MPI_UINT64_T,
-                          MPI_BOR, comm_->mpi_comm(), &req);
+                          MPI_BOR, comm_->mpi_comm(), &negotiation_req_);
   if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Iallreduce (negotiation)", rc);
+  negotiation_pending_ = true;
+  return Status::Ok();
+}
+
+void Engine::PostNext() {
+  // Every rank runs this at the same point of the same cycle (it ran layers), so the posted
+  // reduction sits at the same place in every rank's sequence of collectives. The queues
+  // already look as the cycle leaves them: entries finishing now have left, a layer cut into
+  // slices stays at the head with the same descriptor, and a part that fails keeps its entry
+  // at the head (EndPart), so what this vector announces is exactly what the next cycle holds.
+  // Submissions arriving during the exchange are announced by the cycle after.
+  if (!options_.pipeline_negotiation || negotiation_pending_ || !post_error_.ok()) return;
+  const bool shutdown = TakeIncoming();
+  BuildVector(shutdown);
+  post_error_ = PostNegotiation();
+  if (post_error_.ok()) counters_.pipelined.fetch_add(1, std::memory_order_relaxed);
+}
+
+Status Engine::WaitNegotiation() {
   // The other ranks may be asleep for up to one cycle, or busy in user code: poll with growing
   // sleeps so that oversubscribed ranks leave the cores to those doing work.
   const double start = NowUs();
   long long sleep_us = 0;
   for (int polls = 0;; ++polls) {
     int done = 0;
-    rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Test (negotiation)", rc);
-    if (done) return Status::Ok();
+    int rc = MPI_Test(&negotiation_req_, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      negotiation_pending_ = false;
+      return MpiError("Engine: MPI_Test (negotiation)", rc);
+    }
+    if (done) {
+      negotiation_pending_ = false;
+      return Status::Ok();
+    }
     if (polls < 8) {
       std::this_thread::yield();
       continue;
@@ -584,6 +632,7 @@ Status Engine::Negotiate() {
       // MPI still owns the buffers of the abandoned request: keep them alive forever.
       (void)send_vec_.release();
       (void)recv_vec_.release();
+      negotiation_pending_ = false;
       return TimeoutError("Engine: rank ", comm_->rank(),
                           ": the other ranks' engines did not "
                           "answer the negotiation for ",
@@ -700,7 +749,7 @@ void Engine::Finish(Entry* e, const Status& s) {
   }
   if (st.ok()) {
     counters_.completed.fetch_add(1, std::memory_order_relaxed);
-  } else if (!in_agreed_check_) {
+  } else if (!in_agreed_check_ && !e->error_reported) {
     // A failure inside an exchange may be this rank's alone: report it next cycle so that
     // every rank stops together.
     exec_error_ += StrCat(exec_error_.empty() ? "" : "; ", "layer ", e->desc.layer, " (",
@@ -815,6 +864,9 @@ void Engine::RunReady(const std::vector<int>& layers) {
   // or run whole (their stream keeps the device busy without a host pipeline).
   const auto ops =
       engine::PlanOps(items, options_.fusion_bytes, device() ? 0 : options_.chunk_bytes);
+  // The queues now hold what this cycle leaves behind: the next negotiation runs while the
+  // exchanges below do, so a busy engine pays no separate negotiation latency.
+  PostNext();
   for (const auto& op : ops) {
     switch (op.kind) {
       case engine::OpKind::kFused: {
@@ -833,11 +885,6 @@ void Engine::RunReady(const std::vector<int>& layers) {
         RunStrategy(parts[op.items[0]].e);
         break;
     }
-  }
-  // A slice that failed completed its handle: drop it (the error flag stops every rank).
-  for (const Part& p : parts) {
-    if (p.last || !p.e->handle->Test()) continue;
-    queues_[static_cast<size_t>(p.e->desc.layer)].pop_front();
   }
 }
 
@@ -881,16 +928,33 @@ void Engine::EndPart(const Part& p, const Status& s) {
                          1.0f / static_cast<float>(comm_->size()),
                          stream_ ? stream_->get() : nullptr);
   }
-  if (st.ok() && !p.last) {
+  if (!p.last) {
+    if (!st.ok()) FailSlice(e, st);
     e->offset = p.end;
     return;
   }
-  if (st.ok() && (whole || layer_optimizer_[static_cast<size_t>(e->desc.layer)])) {
+  // (Not after an earlier slice failed here: Finish reports that failure instead.)
+  if (st.ok() && e->local_error.ok() &&
+      (whole || layer_optimizer_[static_cast<size_t>(e->desc.layer)])) {
     // The whole layer's sum is in place: average it, or take the optimizer step once.
     st = FinishSum(e);
   }
   if (st.ok()) CountTraffic(*e);
   Finish(e, st);
+}
+
+void Engine::FailSlice(Entry* e, const Status& s) {
+  // The entry stays at the head of its queue: the other ranks go on with its remaining slices
+  // (the negotiation already posted announced it there), so this rank takes part in them too
+  // and fails the handle after the last one. The error goes out with the next negotiation, so
+  // every rank stops within a cycle or two.
+  if (!e->local_error.ok()) return;
+  e->local_error = s;
+  e->error_reported = true;
+  exec_error_ += StrCat(exec_error_.empty() ? "" : "; ", "layer ", e->desc.layer, " (",
+                        LayerName(static_cast<int>(e->desc.layer)), ") step ", e->desc.step, ": ",
+                        s.message());
+  if (exec_error_code_ == StatusCode::kOk) exec_error_code_ = s.code();
 }
 
 void Engine::RunFused(const std::vector<Part>& group) {
@@ -1000,17 +1064,18 @@ void Engine::RunChunked(const Part& p) {
   // Never leave a posted request behind: MPI may still be writing into the gradient.
   if (current) (void)current->Wait();
   counters_.chunked_layers.fetch_add(1, std::memory_order_relaxed);
-  if (!s.ok()) {
+  if (!s.ok() && p.last) {
     Finish(e, s.WithPrefix("chunked allreduce: "));
     return;
   }
+  if (!s.ok()) FailSlice(e, s.WithPrefix("chunked allreduce: "));
   if (!p.last) {
     counters_.slices.fetch_add(1, std::memory_order_relaxed);
     e->offset = p.end;
     return;
   }
   if (p.begin > 0) counters_.slices.fetch_add(1, std::memory_order_relaxed);
-  if (optimizer) s = FinishSum(e);
+  if (optimizer && e->local_error.ok()) s = FinishSum(e);
   if (s.ok()) CountTraffic(*e);
   Finish(e, s);
 }

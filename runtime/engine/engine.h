@@ -10,7 +10,9 @@
 //
 // How a cycle of the engine thread works (engine.cc has the details):
 //   1. Move new submissions into per-layer FIFO queues (engine thread only).
-//   2. One small MPI_Allreduce (negotiation.h): ready masks, flags, descriptor hashes.
+//   2. One small MPI_Allreduce (negotiation.h): ready masks, flags, descriptor hashes. A busy
+//      engine posts it (non-blocking) while the previous cycle's exchange runs, announcing
+//      the queues as that cycle leaves them, so it costs no latency of its own.
 //   3. From the reduced vector alone, every rank decides the same thing: fail everywhere
 //      (error flag, descriptor mismatch, stall abort, shutdown), log a stall, or run the
 //      layers ready everywhere, lowest layer index first, fused / chunked (fusion.h) or
@@ -80,6 +82,8 @@
 #include <thread>
 #include <vector>
 
+#include <mpi.h>
+
 #include "collectives/hybrid.h"
 #include "runtime/communicator.h"
 #include "runtime/dtype.h"
@@ -99,6 +103,7 @@ struct EngineOptions {
   long long cycle_us = 1000;              // POSEIDON_CYCLE_US
   long long fusion_wait_us = 200;         // POSEIDON_FUSION_WAIT_US (0: negotiate at once)
   long long slice_bytes = 1 << 20;        // POSEIDON_SLICE_BYTES (0: whole layers per cycle)
+  bool pipeline_negotiation = true;       // POSEIDON_PIPELINE_NEGOTIATION
   std::string timeline;                   // POSEIDON_TIMELINE ("" = off)
   MemoryKind memory = MemoryKind::kHost;  // where the submitted buffers live (as the collective)
 
@@ -184,6 +189,7 @@ struct EngineStats {
   int64_t slices = 0;           // partial exchanges of a layer cut by POSEIDON_SLICE_BYTES
   int64_t strategy_layers = 0;  // layers run through HybridCollective::Exchange
   int64_t stall_warnings = 0;   // stall warnings raised (every rank counts them)
+  int64_t pipelined = 0;        // negotiations posted while an exchange ran (of `cycles`)
 };
 
 class Engine {
@@ -231,6 +237,7 @@ class Engine {
     Status local_error;  // a failure on this rank before the exchange (reported by Finish)
     size_t offset = 0;   // elements already summed by earlier slices (same on every rank)
     bool started = false;  // checked and timed (its first slice ran or runs this cycle)
+    bool error_reported = false;  // local_error already went into exec_error_
   };
   // The part [begin, end) of an entry's elements that one op of this cycle sums; `last` when
   // it reaches the end of the layer (the entry then completes).
@@ -242,7 +249,7 @@ class Engine {
   struct Counters {
     std::atomic<int64_t> cycles{0}, completed{0}, fused_groups{0}, fused_layers{0},
         chunked_layers{0}, chunks{0}, direct_layers{0}, strategy_layers{0}, stall_warnings{0},
-        slices{0};
+        slices{0}, pipelined{0};
   };
 
   Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
@@ -250,7 +257,18 @@ class Engine {
   void Loop();
   // One cycle; returns false when the engine must stop (sticky status set).
   bool Cycle();
-  Status Negotiate();
+  // Moves new submissions into the queues and takes over local errors; returns whether a
+  // shutdown was requested.
+  bool TakeIncoming();
+  // Fills send_vec_ from the queue heads, the stall timers, the local error and `shutdown`.
+  void BuildVector(bool shutdown);
+  // Posts the reduction of send_vec_ into recv_vec_ (negotiation_pending_ until it completes).
+  Status PostNegotiation();
+  // Waits for the posted reduction, polling with growing sleeps.
+  Status WaitNegotiation();
+  // Pipelining: after RunReady planned this cycle's ops (the queues already show the state the
+  // cycle leaves behind), posts the next cycle's negotiation before the exchange runs.
+  void PostNext();
   // Agreed failure: sets the sticky status (clean: a shutdown, not an error) and fails every
   // pending entry with it.
   void Fail(const Status& s, bool clean);
@@ -264,6 +282,8 @@ class Engine {
   // After a part's sum: the layer's tail (FinishSum, traffic, Finish) when it was the last
   // part, or the failure; a middle slice that succeeded only advances the entry's offset.
   void EndPart(const Part& p, const Status& s);
+  // A part short of the layer's end failed on this rank: keeps the entry (see engine.cc).
+  void FailSlice(Entry* e, const Status& s);
   // Backend options of the engine's own collectives (agreement checked by the negotiation).
   CallOptions Call() const;
   void RunStrategy(Entry* e);
@@ -316,6 +336,14 @@ class Engine {
   std::string exec_error_;                    // a local failure to report next cycle
   StatusCode exec_error_code_ = StatusCode::kOk;
   bool ran_last_cycle_ = false;
+  // Entries moved into the queues after the last vector was built (not announced yet): an
+  // engine holding them never sleeps before its next negotiation.
+  bool unannounced_ = false;
+  // A negotiation posted (pipelined or not) and not yet complete; its request and start.
+  bool negotiation_pending_ = false;
+  MPI_Request negotiation_req_ = MPI_REQUEST_NULL;
+  // A failure posting the next negotiation from inside RunReady, reported by the next cycle.
+  Status post_error_;
   bool in_agreed_check_ = false;  // failing an entry every rank fails alike
   // Negotiation buffers live on the heap and are released only once the request completed,
   // so an abandoned request (timeout) never writes into freed memory.

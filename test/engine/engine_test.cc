@@ -212,6 +212,28 @@ TEST(Engine, SlicedFusedAndChunkedTogether) {
   EXPECT_GT(st.chunks, 0);
 }
 
+TEST(Engine, PipelinedNegotiationEverySliceCycle) {
+  // 16 KiB slices as above: 19 cycles per step run slices (the second slice of 5000 floats
+  // shares one with the first of 70000), and each of them posts the next cycle's negotiation
+  // before its exchange; the results stay exact.
+  EngineOptions o = Options(0, 0);
+  o.slice_bytes = 16 << 10;
+  o.pipeline_negotiation = true;
+  EngineStats st = RunAndCheck(kSizes, o, 2);
+  EXPECT_EQ(st.slices, 2 * (2 + 18));
+  EXPECT_GE(st.pipelined, 2 * 19);
+  EXPECT_LE(st.pipelined, st.cycles);
+}
+
+TEST(Engine, UnpipelinedNegotiationGivesTheSameResults) {
+  EngineOptions o = Options(8 << 10, 12 << 10);
+  o.slice_bytes = 16 << 10;
+  o.pipeline_negotiation = false;
+  EngineStats st = RunAndCheck(kSizes, o, 2);
+  EXPECT_EQ(st.pipelined, 0);
+  EXPECT_GT(st.slices, 0);
+}
+
 TEST(Engine, MatchesHybridCollectiveExchange) {
   // The strategy path (HybridCollective::Exchange) and the engine's own paths agree bitwise.
   const int me = World()->rank();
