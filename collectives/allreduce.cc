@@ -42,7 +42,8 @@ class AllReduce final : public Strategy {
       return strategy_internal::FailTogether(ctx, st);
     }
     auto* s = static_cast<DenseState*>(state);
-    PSD_CHECK(strategy_internal::FormGradientFromFactors(layer, buf, ctx));
+    PSD_CHECK(strategy_internal::BeforeCollective(
+        ctx, [&] { return strategy_internal::FormGradientFromFactors(layer, buf, ctx); }));
     return strategy_internal::DenseAllReduce(layer, &s->opt, buf, ctx, report);
   }
 

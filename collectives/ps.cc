@@ -58,12 +58,13 @@ class Ps final : public Strategy {
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                   int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(ps)";
-    PSD_REQUIRE_ARG(layer.optimizer.enabled(), call, ": layer ", layer.name,
-                    " has no optimizer; ps updates parameters on the shard owner, so it needs "
-                    "one (use allreduce to average gradients)");
-    if (Status st = strategy_internal::CheckBuffers(call, layer, buf, true); !st.ok()) {
-      return strategy_internal::FailTogether(ctx, st);
-    }
+    Status args = layer.optimizer.enabled()
+                      ? strategy_internal::CheckBuffers(call, layer, buf, true)
+                      : InvalidArgument(call, ": layer ", layer.name,
+                                        " has no optimizer; ps updates parameters on the shard "
+                                        "owner, so it needs one (use allreduce to average "
+                                        "gradients)");
+    if (!args.ok()) return strategy_internal::FailTogether(ctx, args);
     auto* s = static_cast<PsState*>(state);
     const size_t n = layer.NumElements();
     const int world = ctx.backend->size();
@@ -71,15 +72,18 @@ class Ps final : public Strategy {
     const std::vector<size_t> counts = ShardCounts(n, world);
     const size_t mine = counts[static_cast<size_t>(rank)];
     const size_t offset = ShardOffset(n, world, rank);
-    PSD_CHECK(s->shard.Grow(*ctx.kernels, mine * sizeof(float)));
+    PSD_CHECK(strategy_internal::BeforeCollective(ctx, [&]() -> Status {
+      PSD_CHECK(s->shard.Grow(*ctx.kernels, mine * sizeof(float)));
+      return strategy_internal::FormGradientFromFactors(layer, buf, ctx);
+    }));
     float* shard = s->shard.as<float>();
-
-    PSD_CHECK(strategy_internal::FormGradientFromFactors(layer, buf, ctx));
     PSD_CHECK(ctx.backend->ReduceScatter(buf.grad, shard, counts, DType::kFloat32, ctx.call));
     const float inv = 1.0f / static_cast<float>(world);
-    PSD_CHECK(s->opt.Apply(buf.params + offset, shard, 1, 0, inv, mine, ctx));
-    // MPI may not alias send and receive buffers, so the updated shard travels from scratch.
-    PSD_CHECK(ctx.kernels->Copy(shard, buf.params + offset, mine * sizeof(float), ctx.call.stream));
+    PSD_CHECK(strategy_internal::BeforeCollective(ctx, [&]() -> Status {
+      PSD_CHECK(s->opt.Apply(buf.params + offset, shard, 1, 0, inv, mine, ctx));
+      // MPI may not alias send and receive buffers, so the updated shard travels from scratch.
+      return ctx.kernels->Copy(shard, buf.params + offset, mine * sizeof(float), ctx.call.stream);
+    }));
     PSD_CHECK(ctx.backend->AllGatherV(shard, buf.params, counts, DType::kFloat32, ctx.call));
     double bytes = 4.0 * static_cast<double>(n);
     report->bytes_sent += CostModel::WireBytes(CollectiveKind::kReduceScatter, world, bytes) +

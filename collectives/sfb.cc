@@ -78,18 +78,21 @@ class Sfb final : public Strategy {
     // 1. [U | V] with zero rows past this rank's batch.
     const Kernels& kern = *ctx.kernels;
     void* stream = ctx.call.stream;
-    PSD_CHECK(s->send.Grow(kern, block * sizeof(float)));
-    float* send = s->send.as<float>();
-    if (buf.batch > 0) {
-      PSD_CHECK(kern.Copy(send, buf.u, buf.batch * m * sizeof(float), stream));
-      PSD_CHECK(kern.Copy(send + kmax * m, buf.v, buf.batch * n * sizeof(float), stream));
-    }
-    PSD_CHECK(strategy_internal::Zero(send + buf.batch * m, (kmax - buf.batch) * m, ctx));
-    PSD_CHECK(
-        strategy_internal::Zero(send + kmax * m + buf.batch * n, (kmax - buf.batch) * n, ctx));
+    PSD_CHECK(strategy_internal::BeforeCollective(ctx, [&]() -> Status {
+      PSD_CHECK(s->send.Grow(kern, block * sizeof(float)));
+      float* send = s->send.as<float>();
+      if (buf.batch > 0) {
+        PSD_CHECK(kern.Copy(send, buf.u, buf.batch * m * sizeof(float), stream));
+        PSD_CHECK(kern.Copy(send + kmax * m, buf.v, buf.batch * n * sizeof(float), stream));
+      }
+      PSD_CHECK(strategy_internal::Zero(send + buf.batch * m, (kmax - buf.batch) * m, ctx));
+      PSD_CHECK(
+          strategy_internal::Zero(send + kmax * m + buf.batch * n, (kmax - buf.batch) * n, ctx));
+      return s->gathered.Grow(kern, block * static_cast<size_t>(world) * sizeof(float));
+    }));
     // 2. One allgather; the backend's argument check fails every rank (no hang) if the ranks
     // disagree on Kmax.
-    PSD_CHECK(s->gathered.Grow(kern, block * static_cast<size_t>(world) * sizeof(float)));
+    const float* send = s->send.as<float>();
     const float* gathered = s->gathered.as<float>();
     PSD_CHECK(ctx.backend->AllGather(send, s->gathered.data(), block, DType::kFloat32, ctx.call));
     report->bytes_sent += CostModel::WireBytes(CollectiveKind::kAllGather, world,

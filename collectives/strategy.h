@@ -197,6 +197,14 @@ Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuff
 // argument agreement (POSEIDON_CHECK_ARGS, on by default) fail on every rank instead of
 // leaving the others waiting for this rank.
 Status FailTogether(const StrategyContext& ctx, const Status& local);
+// Runs `steps`, the local work (allocation, kernels) a strategy does before its next
+// collective. A failure there is this rank's alone (out of memory, a kernel error): it goes
+// through FailTogether so the peers' collective fails too instead of waiting for this rank.
+template <typename Steps>
+Status BeforeCollective(const StrategyContext& ctx, Steps&& steps) {
+  Status st = steps();
+  return st.ok() ? st : FailTogether(ctx, st);
+}
 // For a fully connected layer given as factors only: grad = U^T V (this rank's gradient).
 Status FormGradientFromFactors(const LayerSpec& layer, const ExchangeBuffers& buf,
                                const StrategyContext& ctx);

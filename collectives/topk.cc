@@ -117,7 +117,8 @@ class Topk final : public Strategy {
     }
     auto* s = static_cast<TopkState*>(state);
     s->Touch();
-    PSD_CHECK(strategy_internal::FormGradientFromFactors(layer, buf, ctx));
+    PSD_CHECK(strategy_internal::BeforeCollective(
+        ctx, [&] { return strategy_internal::FormGradientFromFactors(layer, buf, ctx); }));
     const size_t n = layer.NumElements();
     if (n == 0 || FallsBack(layer, step)) {
       report->fell_back_dense = true;
@@ -130,25 +131,27 @@ class Topk final : public Strategy {
     const double mom = layer.topk.momentum.value_or(0.0);
     const Kernels& kern = *ctx.kernels;
     void* stream = ctx.call.stream;
-    // Residual and momentum are state: zero when first made (or when n changes).
-    PSD_CHECK(s->residual_.Reset(kern, n * sizeof(float)));
-    if (mom > 0) PSD_CHECK(s->momentum_.Reset(kern, n * sizeof(float)));
-    s->n_ = n;
-    s->has_momentum_ = mom > 0;
-    s->k_ = k;
-    PSD_CHECK(s->idx_.Grow(kern, k * 4));
-    PSD_CHECK(s->val_.Grow(kern, k * 4));
+    PSD_CHECK(strategy_internal::BeforeCollective(ctx, [&]() -> Status {
+      // Residual and momentum are state: zero when first made (or when n changes).
+      PSD_CHECK(s->residual_.Reset(kern, n * sizeof(float)));
+      if (mom > 0) PSD_CHECK(s->momentum_.Reset(kern, n * sizeof(float)));
+      s->n_ = n;
+      s->has_momentum_ = mom > 0;
+      s->k_ = k;
+      PSD_CHECK(s->idx_.Grow(kern, k * 4));
+      PSD_CHECK(s->val_.Grow(kern, k * 4));
 
-    // 2. Fused residual accumulation + exact top-k.
-    PSD_CHECK(kern.FusedResidualTopK(buf.grad, s->residual_.as<float>(),
-                                     mom > 0 ? s->momentum_.as<float>() : nullptr,
-                                     static_cast<float>(mom), n, k, s->idx_.as<uint32_t>(),
-                                     s->val_.as<float>(), s->ws.get(), stream));
-    // 3. [indices | values] as 2k 32-bit words, one allgather (byte copies, either memory).
-    PSD_CHECK(s->send_.Grow(kern, 2 * k * 4));
-    PSD_CHECK(
-        kern.Pack({{s->idx_.data(), k * 4}, {s->val_.data(), k * 4}}, s->send_.data(), stream));
-    PSD_CHECK(s->gathered_.Grow(kern, 2 * k * 4 * static_cast<size_t>(world)));
+      // 2. Fused residual accumulation + exact top-k.
+      PSD_CHECK(kern.FusedResidualTopK(buf.grad, s->residual_.as<float>(),
+                                       mom > 0 ? s->momentum_.as<float>() : nullptr,
+                                       static_cast<float>(mom), n, k, s->idx_.as<uint32_t>(),
+                                       s->val_.as<float>(), s->ws.get(), stream));
+      // 3. [indices | values] as 2k 32-bit words, one allgather (byte copies, either memory).
+      PSD_CHECK(s->send_.Grow(kern, 2 * k * 4));
+      PSD_CHECK(
+          kern.Pack({{s->idx_.data(), k * 4}, {s->val_.data(), k * 4}}, s->send_.data(), stream));
+      return s->gathered_.Grow(kern, 2 * k * 4 * static_cast<size_t>(world));
+    }));
     PSD_CHECK(ctx.backend->AllGather(s->send_.data(), s->gathered_.data(), 2 * k, DType::kInt32,
                                      ctx.call));
     report->bytes_sent += CostModel::WireBytes(CollectiveKind::kAllGather, world,

@@ -256,6 +256,35 @@ TEST(Sfb, OneRankWithABadBatchFailsEveryRank) {
   EXPECT_TRUE(h->Exchange(0, b, 1).ok());
 }
 
+// A local kernel failure on one rank before the collective (forming U^T V from a batch beyond
+// the BLAS index range) fails every rank instead of leaving the others in the allreduce.
+TEST(AllReduce, OneRankWithAFailingLocalStepFailsEveryRank) {
+  auto h = MakeHybrid();
+  ASSERT_TRUE(h->RegisterLayer(
+                   Layer("fc", {4, 4}, LayerKind::kFullyConnected, StrategyKind::kAllReduce))
+                  .ok());
+  ASSERT_TRUE(Plan(*h, 2).ok());
+  std::vector<float> u(2 * 4, 1.0f), v(2 * 4, 1.0f), g(16);
+  ExchangeBuffers b;
+  b.grad = g.data();
+  b.u = u.data();
+  b.v = v.data();
+  const bool bad = Rank() == Size() - 1;
+  b.batch = bad ? (size_t{1} << 32) : 2;  // refused by the GEMM before it reads u or v
+  Status st = h->Exchange(0, b, 0);
+  ASSERT_FALSE(st.ok());
+  if (bad) {
+    EXPECT_NE(st.message().find("exceeds the BLAS index range"), std::string::npos)
+        << st.message();
+  } else {
+    EXPECT_NE(st.message().find(StrCat("rank ", Size() - 1)), std::string::npos) << st.message();
+  }
+  // The collective is still usable afterwards: every rank's U^T V is 2 at every entry.
+  b.batch = 2;
+  ASSERT_TRUE(h->Exchange(0, b, 1).ok());
+  for (float x : g) EXPECT_EQ(x, 2.0f);
+}
+
 // ---------------------------------------------------------------- optimizers
 
 struct OptCase {
