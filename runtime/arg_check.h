@@ -26,7 +26,9 @@ struct CollectiveArgs {
   Status local;              // this rank's own validation result
 };
 
-// Returns OK on every rank, or the same error on every rank.
+// Returns OK on every rank, or an error on every rank: a rank whose own arguments are bad gets
+// its own message; the others get "rank r passed an invalid argument: <that message>" (or the
+// mismatch, naming the ranks and values that differ).
 Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args);
 
 uint64_t HashCounts(const std::vector<size_t>& counts);
