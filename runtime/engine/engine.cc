@@ -477,9 +477,14 @@ bool Engine::Cycle() {
   // 1. New submissions. An engine whose next negotiation is already in flight (posted while
   // the last exchange ran) goes straight to it; so does one holding unannounced work.
   if (!negotiation_pending_) {
+    // Work announced here but not yet everywhere: negotiate again at once, so the round that
+    // finds it ready on every rank starts as soon as the last rank posts (each round waits for
+    // every rank anyway, so this never spins ahead of the others).
+    bool waiting = false;
+    for (const auto& q : queues_) waiting = waiting || !q.empty();
     std::unique_lock<std::mutex> lock(mu_);
-    if (!ran_last_cycle_ && !unannounced_ && incoming_.empty() && local_errors_.empty() &&
-        !shutdown_requested_) {
+    if (!ran_last_cycle_ && !unannounced_ && !waiting && incoming_.empty() &&
+        local_errors_.empty() && !shutdown_requested_) {
       cv_.wait_for(lock, std::chrono::microseconds(options_.cycle_us), [&] {
         return !incoming_.empty() || !local_errors_.empty() || shutdown_requested_;
       });
