@@ -24,9 +24,10 @@
 //     stream synchronization. Layers work in place, so the inputs are restored before each
 //     run outside the timed region (PoisonOutput; a warm-up run restores them itself).
 //  5. Check: every element of dense and sparse layers bitwise against float(sum) * (1/P) (the
-//     strategies' own operation; for a compressed layer the sum of the large entries), sampled entries of FC layers (all of them up to 65536) with
-//     their sums recomputed from the factors: bitwise when P is a power of two (1/P exact),
-//     else within 2 ulp (sfb folds 1/P into its GEMM). The peer's sums are checked whole.
+//     strategies' own operation; for a compressed layer the sum of the large entries), and
+//     sampled entries of FC layers (all of them up to 65536) with their sums recomputed from
+//     the factors: bitwise when P is a power of two (1/P exact), else within 2 ulp (sfb folds
+//     1/P into its GEMM). The peer's sums are checked whole.
 //  6. Extra columns: the plan (layers per strategy), bytes this rank sent per iteration and
 //     what dense allreduce sends for the same layers, and their ratio.
 //
@@ -152,9 +153,8 @@ class HybridBench : public Collective {
         l.sparse = true;
         const size_t k = strategy_internal::TopkCount(spec);
         const size_t s = l.n / k, h = (k + 1) / 2;
-        const bool compressed =
-            l.strategy == StrategyKind::kTopk &&
-            static_cast<long long>(l.n) >= spec.topk.min_elements.value_or(0);
+        const bool compressed = l.strategy == StrategyKind::kTopk &&
+                                static_cast<long long>(l.n) >= spec.topk.min_elements.value_or(0);
         std::vector<unsigned char> large(l.n, 0);
         for (int r = 0; r < world; ++r) {
           for (size_t j = 0; j < k; ++j) {
@@ -185,7 +185,8 @@ class HybridBench : public Collective {
         FillFormula(DType::kFloat32, ctx.rank + 1.0, 0, l.n, in);
         FillFormula(DType::kFloat32, s_ranks, 0, l.n, sum);
         for (size_t k = 0; k < kf; ++k) {
-          for (size_t m = 0; m < l.m; ++m) u_host[l.u_offset + k * l.m + m] = FactorU(ctx.rank, k, m);
+          for (size_t m = 0; m < l.m; ++m)
+            u_host[l.u_offset + k * l.m + m] = FactorU(ctx.rank, k, m);
           for (size_t n = 0; n < l.cols; ++n) {
             v_host[l.v_offset + k * l.cols + n] = FactorV(ctx.rank, k, n);
           }
@@ -344,8 +345,8 @@ class HybridBench : public Collective {
   // +-(1..1024) x 2^-30 from a hash of (rank, index), as osu_topk: never zero, and sums of a
   // few thousand of them are exact in float32.
   static float Noise(int rank, size_t i) {
-    uint64_t x = (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) *
-                 0xD1B54A32D192ED03ull;
+    uint64_t x =
+        (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) * 0xD1B54A32D192ED03ull;
     x ^= x >> 29;
     float mag = std::ldexp(static_cast<float>((x >> 8) % 1024 + 1), -30);
     return (x & 1) ? -mag : mag;
@@ -425,9 +426,10 @@ int main(int argc, char** argv) {
       return OptionError("option -m does not apply: the size is the model's (--model, --scale)");
     } else {
       if ((a == "-h" || a == "--help") && IsFirstRank()) {
-        std::printf("osu_hybrid options: --model small|vgg19|vgg19-22k|resnet152|inception-v3 "
-                    "(default small), --scale F in (0, 1], --batch K, --sparse, --density D; "
-                    "the harness's below except -m (-T float32 only)\n");
+        std::printf(
+            "osu_hybrid options: --model small|vgg19|vgg19-22k|resnet152|inception-v3 "
+            "(default small), --scale F in (0, 1], --batch K, --sparse, --density D; "
+            "the harness's below except -m (-T float32 only)\n");
       }
       rest.push_back(argv[i]);
     }

@@ -80,9 +80,8 @@ class TopkBench : public Collective {
     spec.topk.momentum = 0.0;
     PSD_ASSIGN_OR_RETURN(id_, hc_->RegisterLayer(spec));
     PSD_CHECK(hc_->BuildPlan(/*batch=*/1, CostModel{}, PlannerOptions{}));
-    PSD_REQUIRE_ARG(hc_->strategy(id_) == StrategyKind::kTopk,
-                    "osu_topk: the plan chose ", StrategyName(hc_->strategy(id_)),
-                    " for the forced topk layer");
+    PSD_REQUIRE_ARG(hc_->strategy(id_) == StrategyKind::kTopk, "osu_topk: the plan chose ",
+                    StrategyName(hc_->strategy(id_)), " for the forced topk layer");
     k_ = strategy_internal::TopkCount(hc_->layer(id_));
     PSD_REQUIRE_ARG(k_ >= 1 && k_ <= n_, "osu_topk: k = ", k_, " for n = ", n_,
                     "; expected 1 <= k <= n");
@@ -172,13 +171,13 @@ class TopkBench : public Collective {
   }
   std::string ExtraText() const override {
     char buf[128];
-    std::snprintf(buf, sizeof(buf), " | %10zu %14.0f %14.0f %11.5f", k_, bytes_sent_,
-                  dense_bytes_, dense_bytes_ > 0 ? bytes_sent_ / dense_bytes_ : 0.0);
+    std::snprintf(buf, sizeof(buf), " | %10zu %14.0f %14.0f %11.5f", k_, bytes_sent_, dense_bytes_,
+                  dense_bytes_ > 0 ? bytes_sent_ / dense_bytes_ : 0.0);
     return buf;
   }
   std::string ExtraJson() const override {
-    return StrCat(", \"k\": ", k_, ", \"bytes_sent\": ", bytes_sent_, ", \"dense_bytes\": ",
-                  dense_bytes_);
+    return StrCat(", \"k\": ", k_, ", \"bytes_sent\": ", bytes_sent_,
+                  ", \"dense_bytes\": ", dense_bytes_);
   }
 
   void Release() override {
@@ -198,8 +197,8 @@ class TopkBench : public Collective {
   // +-(1..1024) x 2^-30, from a multiplicative hash of (rank, index): varied magnitudes, as
   // real gradients have, never zero.
   static float Noise(int rank, size_t i) {
-    uint64_t x = (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) *
-                 0xD1B54A32D192ED03ull;
+    uint64_t x =
+        (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) * 0xD1B54A32D192ED03ull;
     x ^= x >> 29;
     float mag = std::ldexp(static_cast<float>((x >> 8) % 1024 + 1), -30);
     return (x & 1) ? -mag : mag;
@@ -253,9 +252,10 @@ int main(int argc, char** argv) {
     } else {
       if (a == "-h" || a == "--help") {
         if (poseidon::osu::IsFirstRank()) {
-          std::printf("osu_topk options: -D DENSITY (fraction sent, (0, 1], default 0.001), "
-                      "--zero-rest (unselected entries exact zeros, not small noise); "
-                      "the harness's below (-T float32 only)\n");
+          std::printf(
+              "osu_topk options: -D DENSITY (fraction sent, (0, 1], default 0.001), "
+              "--zero-rest (unselected entries exact zeros, not small noise); "
+              "the harness's below (-T float32 only)\n");
         }
       }
       rest.push_back(argv[i]);
