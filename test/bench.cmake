@@ -25,8 +25,9 @@ endif()
 
 # osu_topk and osu_hybrid: exact inputs (k known non-zeros per rank; integer factors), every
 # timed result checked, exit 1 on #wrong > 0. osu_hybrid forces topk on the small model's
-# sparse layers (none fall back: min elements 0), so one run exchanges layers with topk, sfb
-# (fc1, where topk does not apply) and allreduce; np 3 checks a non-power-of-two average.
+# sparse layers (none fall back: min elements 0), so one run exchanges layers with topk and,
+# for the FC layers where topk does not apply, sfb or allreduce as the planner picks; np 3
+# checks a non-power-of-two average.
 if(TARGET osu_topk)
   psd_add_mpi_test(osu_topk NP 2 3 TIMEOUT 90 LABELS bench
                    ARGS -m 4:1M -i 3 -x 1 -D 0.01 -f ENV ${_osu_env})
