@@ -203,6 +203,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Communicator> com
     PSD_ASSIGN_OR_RETURN(e->timeline_,
                          Timeline::Open(options.timeline, e->comm_->rank(), e->comm_->size()));
     for (int l = 0; l < e->num_layers_; ++l) e->timeline_->SetLayerName(l, e->layer_names_[l]);
+    // One more track after the layers: the negotiation rounds of the cycles that ran work.
+    e->timeline_->SetLayerName(e->num_layers_, "negotiation");
   }
   e->thread_ = std::thread([p = e.get()] { p->Loop(); });
   return e;
@@ -508,6 +510,7 @@ bool Engine::Cycle() {
   // 2-3. This rank's contribution and one reduction (unless the pipelined one is in flight:
   // it describes the queues exactly as the last cycle left them, see PostNext).
   Status ns = post_error_;
+  pipelined_round_ = negotiation_pending_;
   if (ns.ok() && !negotiation_pending_) {
     BuildVector(shutdown);
     ns = PostNegotiation();
@@ -579,6 +582,11 @@ bool Engine::Cycle() {
   }
 
   // 5. Run what every rank has.
+  if (timeline_ && !ready.empty()) {
+    timeline_->Span(num_layers_, pipelined_round_ ? "negotiate(pipelined)" : "negotiate",
+                    queues_[static_cast<size_t>(ready.front())].front().desc.step,
+                    negotiation_posted_us_, now);
+  }
   ran_last_cycle_ = !ready.empty();
   if (!ready.empty()) RunReady(ready);
   if (timeline_) timeline_->Publish();
@@ -591,6 +599,7 @@ Status Engine::PostNegotiation() {
                           MPI_BOR, comm_->mpi_comm(), &negotiation_req_);
   if (rc != MPI_SUCCESS) return MpiError("Engine: MPI_Iallreduce (negotiation)", rc);
   negotiation_pending_ = true;
+  negotiation_posted_us_ = NowUs();
   return Status::Ok();
 }
 

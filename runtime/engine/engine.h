@@ -342,6 +342,8 @@ class Engine {
   // A negotiation posted (pipelined or not) and not yet complete; its request and start.
   bool negotiation_pending_ = false;
   MPI_Request negotiation_req_ = MPI_REQUEST_NULL;
+  double negotiation_posted_us_ = 0;  // for the timeline's negotiation track
+  bool pipelined_round_ = false;      // this cycle's round was posted by the previous cycle
   // A failure posting the next negotiation from inside RunReady, reported by the next cycle.
   Status post_error_;
   bool in_agreed_check_ = false;  // failing an entry every rank fails alike

@@ -705,7 +705,10 @@ TEST(Engine, TimelineWritesChromeTrace) {
   EXPECT_EQ(count("\"name\":\"submit\""), 6u);
   EXPECT_EQ(count("\"name\":\"queue\""), 6u);
   EXPECT_GE(count("\"name\":\"allreduce(chunk)\""), 2u);
-  EXPECT_EQ(count("\"name\":\"thread_name\""), 3u);
+  // Three layers and the negotiation track; every cycle that ran work records its round.
+  EXPECT_EQ(count("\"name\":\"thread_name\""), 4u);
+  EXPECT_NE(t.find("negotiation"), std::string::npos);
+  EXPECT_GE(count("\"name\":\"negotiate"), 2u);
   EXPECT_NE(t.find("layer 2 l2"), std::string::npos);
   EXPECT_NE(t.find(StrCat("\"pid\":", me)), std::string::npos);
 }
