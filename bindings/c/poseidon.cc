@@ -245,6 +245,14 @@ Status DestroyState(CommState& s) {
 }
 
 }  // namespace
+
+psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call,
+                                   const char* backend_call, const std::string& message) {
+  return WithComm(c_call, handle, [&](CommState& s) -> Status {
+    return FailCollectiveTogether(s, backend_call, InvalidArgument(message));
+  });
+}
+
 }  // namespace poseidon::capi
 
 using namespace poseidon;  // NOLINT: the entry points below name many core types

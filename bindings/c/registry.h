@@ -102,4 +102,11 @@ psdResult_t Guard(const char* call, const std::function<Status()>& body);
 psdResult_t WithComm(const char* call, psdComm_t handle,
                      const std::function<Status(CommState&)>& body);
 
+// For bindings layered on the C API (the Python module): an argument error found before a
+// blocking collective (e.g. two arrays of different sizes) joins the peers' argument agreement
+// in the backend call `backend_call` ("AllReduce", ...), so the peers fail with a message naming
+// this rank instead of waiting. Returns psdInvalidArgument with `message` recorded.
+psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call,
+                                   const char* backend_call, const std::string& message);
+
 }  // namespace poseidon::capi

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bindings/c/poseidon.h"
+#include "bindings/c/registry.h"
 
 namespace py = pybind11;
 
@@ -244,45 +245,55 @@ class Comm {
   }
 
   void AllReduce(py::handle send, py::handle recv) {
-    View s = ToView(send, "allreduce: send", false);
-    View r = ToView(recv, "allreduce: recv", true);
-    RequireSame(s, r, "allreduce");
-    if (s.count != r.count) {
-      BadArg("allreduce: recv has " + std::to_string(r.count) + " elements; expected " +
-             std::to_string(s.count) + " (as send)");
-    }
+    View s, r;
+    LocalChecks("psdAllReduce", "AllReduce", [&] {
+      s = ToView(send, "allreduce: send", false);
+      r = ToView(recv, "allreduce: recv", true);
+      RequireSame(s, r, "allreduce");
+      if (s.count != r.count) {
+        BadArg("allreduce: recv has " + std::to_string(r.count) + " elements; expected " +
+               std::to_string(s.count) + " (as send)");
+      }
+    });
     Blocking([&](psdComm_t c) {
       return psdAllReduce(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr);
     });
   }
   void ReduceScatter(py::handle send, py::handle recv) {
-    View s = ToView(send, "reduce_scatter: send", false);
-    View r = ToView(recv, "reduce_scatter: recv", true);
-    RequireSame(s, r, "reduce_scatter");
+    View s, r;
     size_t world = static_cast<size_t>(Int(psdCommSize));
-    if (s.count != r.count * world) {
-      BadArg("reduce_scatter: send has " + std::to_string(s.count) + " elements; expected " +
-             std::to_string(world) + " ranks x " + std::to_string(r.count) + " (recv)");
-    }
+    LocalChecks("psdReduceScatter", "ReduceScatter", [&] {
+      s = ToView(send, "reduce_scatter: send", false);
+      r = ToView(recv, "reduce_scatter: recv", true);
+      RequireSame(s, r, "reduce_scatter");
+      if (s.count != r.count * world) {
+        BadArg("reduce_scatter: send has " + std::to_string(s.count) + " elements; expected " +
+               std::to_string(world) + " ranks x " + std::to_string(r.count) + " (recv)");
+      }
+    });
     Blocking([&](psdComm_t c) {
       return psdReduceScatter(c, s.data, r.data, r.count, s.dtype, s.memory, nullptr);
     });
   }
   void AllGather(py::handle send, py::handle recv) {
-    View s = ToView(send, "allgather: send", false);
-    View r = ToView(recv, "allgather: recv", true);
-    RequireSame(s, r, "allgather");
+    View s, r;
     size_t world = static_cast<size_t>(Int(psdCommSize));
-    if (r.count != s.count * world) {
-      BadArg("allgather: recv has " + std::to_string(r.count) + " elements; expected " +
-             std::to_string(world) + " ranks x " + std::to_string(s.count) + " (send)");
-    }
+    LocalChecks("psdAllGather", "AllGather", [&] {
+      s = ToView(send, "allgather: send", false);
+      r = ToView(recv, "allgather: recv", true);
+      RequireSame(s, r, "allgather");
+      if (r.count != s.count * world) {
+        BadArg("allgather: recv has " + std::to_string(r.count) + " elements; expected " +
+               std::to_string(world) + " ranks x " + std::to_string(s.count) + " (send)");
+      }
+    });
     Blocking([&](psdComm_t c) {
       return psdAllGather(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr);
     });
   }
   void Broadcast(py::handle buf, int root) {
-    View b = ToView(buf, "broadcast: buf", true);
+    View b;
+    LocalChecks("psdBroadcast", "Broadcast", [&] { b = ToView(buf, "broadcast: buf", true); });
     Blocking([&](psdComm_t c) {
       return psdBroadcast(c, b.data, b.count, b.dtype, root, b.memory, nullptr);
     });
@@ -406,6 +417,23 @@ class Comm {
   }
 
  private:
+  // Runs the argument checks of a blocking collective; when one fails on this rank, this rank
+  // joins the peers' argument agreement with the error (so they fail instead of waiting for
+  // it), then raises the error here.
+  template <typename F>
+  void LocalChecks(const char* c_call, const char* backend_call, F&& checks) {
+    try {
+      checks();
+    } catch (py::error_already_set& e) {
+      std::string message = e.what();
+      psdComm_t c = get();
+      {
+        py::gil_scoped_release release;
+        (void)poseidon::capi::FailBlockingCollective(c, c_call, backend_call, message);
+      }
+      throw;
+    }
+  }
   template <typename F>
   void Blocking(F&& f) {
     psdComm_t c = get();

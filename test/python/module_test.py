@@ -100,6 +100,16 @@ expect_error(poseidon.InvalidArgumentError,
 expect_error(poseidon.InvalidArgumentError, lambda: comm.allreduce([1.0, 2.0], x),
              "neither a buffer")
 expect_error(poseidon.InvalidArgumentError, lambda: comm.broadcast(x, p), "root")
+# A bad array on one rank only: that rank joins the peers' argument agreement, so every rank
+# fails (the peers' message names the rank) instead of the peers waiting for it.
+if p > 1:
+    bad = p - 1
+    recv = np.zeros(5 if r == bad else 4, np.float32)
+    expect_error(poseidon.InvalidArgumentError, lambda: comm.allreduce(x, recv),
+                 "recv has 5 elements" if r == bad else "rank %d passed an invalid argument" % bad)
+    y = np.ones(4, np.float32)
+    comm.allreduce(y, y)  # the communicator still works
+    check(np.all(y == p), "allreduce after a one-rank error")
 expect_error(poseidon.InvalidArgumentError,
              lambda: comm.register_layer("bad", [4], kind="sparse", density=2.0),
              "density 2 is out of range")
