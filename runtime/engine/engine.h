@@ -47,6 +47,9 @@
 // negotiation and one fused allreduce; and one cycle runs at most POSEIDON_SLICE_BYTES of dense
 // work, lowest layer first, so the layer the next forward pass needs first (conv1: last in the
 // backward pass) waits for one slice, never for a whole large layer (fusion.h, PlanSlices).
+// A busy engine posts the next cycle's negotiation before running the current cycle's
+// exchanges (POSEIDON_PIPELINE_NEGOTIATION, on by default), and a rank whose announced work
+// waits for other ranks negotiates again without the idle sleep.
 //
 // Fusion and chunking: float32 dense allreduce layers (no factors), with or without an
 // optimizer, are summed by the engine itself (fusion buffer, chunks, or alone on their own
