@@ -41,7 +41,7 @@ GPU=titanx
 ITERS=5
 WARMUP=1
 MODES=dense,dense-overlap,hybrid-overlap
-TRAINER="$ROOT/build-cluster/bench/poseidon_model_trainer"
+TRAINER="${POSEIDON_BUILD_DIR:-$ROOT/build}/bench/poseidon_model_trainer"
 RESULTS="$ROOT/bench/RESULTS.md"
 WRITE_RESULTS=1
 TIMEOUT_S=240
@@ -121,7 +121,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 LINK_GBIT="$(rate_gbit "$RATE")" || die "--rate '$RATE' is not <number>gbit or <number>mbit"
-[[ -x "$TRAINER" ]] || die "trainer '$TRAINER' not found: cmake --build build-cluster --target poseidon_model_trainer"
+[[ -x "$TRAINER" ]] || die "trainer '$TRAINER' not found: scripts/build.sh (or pass --trainer)"
 NMAX=0
 for p in $HOSTS; do
   [[ "$p" =~ ^[0-9]+$ && $p -ge 1 && $p -le $MAX_HOSTS ]] ||
