@@ -138,8 +138,8 @@ def plots(meas, pred, strat, out_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trainer", default=os.path.join(ROOT, os.environ.get("POSEIDON_BUILD_DIR", "build"), "bench",
-                                                      "poseidon_model_trainer"))
+    build = os.environ.get("POSEIDON_BUILD_DIR", os.path.join(ROOT, "build"))
+    ap.add_argument("--trainer", default=os.path.join(build, "bench", "poseidon_model_trainer"))
     ap.add_argument("--nps", default="2,4,8")
     ap.add_argument("--scale", type=float, default=0.125)
     ap.add_argument("--iters", type=int, default=3)
