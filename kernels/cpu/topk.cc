@@ -7,6 +7,9 @@
 //  1. Threshold estimate (large n, small k/n only): evaluate r = residual + update at ~16K
 //     positions (1024 cache lines spread over the buffer, read only) and take the key that a
 //     safety-padded k/n fraction of the sample reaches. That key is a guess; step 3 checks it.
+//     When that key is 0 (sparse gradients: most entries are exact zeros, which all tie) or
+//     k/n is large, but few sampled entries are nonzero, the guess is the smallest nonzero key
+//     (1): the fused pass then collects exactly the nonzero entries.
 //  2. One fused, vectorized pass: u = momentum * u + g (stored, if momentum is on),
 //     r = residual + u (stored); entries whose key reaches the guess are appended as (index,
 //     value) to the candidate buffer, which therefore stays in ascending index order.
@@ -14,7 +17,10 @@
 //     overflow), every entry of the top k is a candidate, and nth_element on the candidate keys
 //     gives T. Otherwise (unlucky sample, many equal magnitudes, large k/n) an exact two-level
 //     radix select (histograms of the key's top and bottom 16 bits) over the updated residual
-//     finds T. Small n simply runs nth_element on all keys.
+//     finds T. Small n simply runs nth_element on all keys. With the guess 1 and fewer than k
+//     candidates, the candidates are every nonzero entry and T is 0: the selection is all of
+//     them plus the lowest-index zeros (+0 or -0) up to k, merged in index order without
+//     another pass over the residual (it stops at index k + #candidates at the latest).
 //  4. Emission in ascending index order: keys above T always, keys equal to T for the first
 //     (k - #above) of them (the smaller index wins a tie). Each emitted entry is zeroed in the
 //     residual and in the momentum buffer (DGC's momentum factor masking).
@@ -240,8 +246,8 @@ inline uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Step 1. Returns false when sampling does not pay (small n, large k/n, a zero threshold that
-// would make every entry a candidate); otherwise sets the threshold and the buffer capacity.
+// Step 1. Returns false when sampling does not pay (small n, large k/n or a zero threshold
+// with many nonzero entries); otherwise sets the threshold and the buffer capacity.
 bool SampleThreshold(const PassArgs& a, size_t k, TopKWorkspace* w, uint32_t* threshold,
                      size_t* cap) {
   const size_t n = a.n;
@@ -252,7 +258,6 @@ bool SampleThreshold(const PassArgs& a, size_t k, TopKWorkspace* w, uint32_t* th
   // guess that collects fewer than k entries is very unlikely for unstructured data.
   const double rank_f = 1.25 * expected + 4.0 * std::sqrt(expected) + 16.0;
   if (rank_f > static_cast<double>(s) / 8) return false;
-  const size_t rank = static_cast<size_t>(rank_f);
   GrowTo(&w->keys, s);
   uint32_t* keys = w->keys.data();
   const size_t seg = n / kSampleLines;  // >= 64
@@ -266,11 +271,25 @@ bool SampleThreshold(const PassArgs& a, size_t k, TopKWorkspace* w, uint32_t* th
       keys[o++] = KeyOf(a.residual[i] + u);
     }
   }
-  std::nth_element(keys, keys + (rank - 1), keys + s, std::greater<uint32_t>());
-  if (keys[rank - 1] == 0) return false;
-  *threshold = keys[rank - 1];
-  double expected_candidates = rank_f / s * n;
-  *cap = std::min(n, static_cast<size_t>(4.0 * expected_candidates) + 4096);
+  size_t nonzero = 0;
+  for (size_t j = 0; j < s; ++j) nonzero += keys[j] != 0;
+  if (rank_f <= static_cast<double>(s) / 8) {
+    const size_t rank = static_cast<size_t>(rank_f);
+    std::nth_element(keys, keys + (rank - 1), keys + s, std::greater<uint32_t>());
+    if (keys[rank - 1] != 0) {
+      *threshold = keys[rank - 1];
+      *cap = std::min(n, static_cast<size_t>(4.0 * rank_f / s * n) + 4096);
+      return true;
+    }
+  }
+  // The guess is zero, or k/n is large: every zero ties at the bottom, and a threshold of 0
+  // would collect everything. When nonzero entries are rare, collecting exactly those (key >=
+  // 1) is still a small buffer, and it decides the selection whether there are more or fewer
+  // than k of them. The capacity is padded as above, from the sampled nonzero count.
+  const double nonzero_f = 1.25 * nonzero + 4.0 * std::sqrt(static_cast<double>(nonzero)) + 16.0;
+  if (nonzero_f > static_cast<double>(s) / 8) return false;
+  *threshold = 1;
+  *cap = std::min(n, static_cast<size_t>(4.0 * nonzero_f / s * n) + 4096);
   return true;
 }
 
@@ -402,6 +421,25 @@ Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf
 
   if (k == n) {
     for (size_t i = 0; i < n; ++i) emit(i, i, residual[i]);
+    return Status::Ok();
+  }
+
+  if (sampled && a.threshold == 1 && candidates < k && candidates <= a.cap) {
+    // Fewer than k nonzero entries, and the buffer holds all of them, in index order. Merge it
+    // with the zeros of smallest index: k - candidates of them lie below index k + candidates.
+    size_t zeros = k - candidates;
+    size_t o = 0, j = 0;
+    for (size_t i = 0; zeros > 0; ++i) {
+      if (j < candidates && a.cand_idx[j] == i) {
+        emit(o++, i, a.cand_val[j++]);
+      } else {
+        emit(o++, i, residual[i]);  // a zero of either sign, as the update left it
+        --zeros;
+      }
+    }
+    for (; j < candidates; ++j) emit(o++, a.cand_idx[j], a.cand_val[j]);
+    w->last_used_sample = true;
+    if (o != k) return InternalError(kCall, ": emitted ", o, " of k = ", k, " entries");
     return Status::Ok();
   }
 

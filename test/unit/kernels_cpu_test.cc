@@ -237,6 +237,115 @@ TEST_P(TopKIsaTest, LargeInputsUseBothSelectionPaths) {
   }
 }
 
+// Sparse gradients: all but `nonzeros` entries (at distinct pseudo-random positions) are exact
+// zeros, half of them -0.0f in the gradient and half in the residual (-0 + -0 stays -0, so the
+// selection must hand back the sign bit as the update left it). With `levels`, the nonzero
+// magnitudes are 1 or 2 (ties among them); with momentum, the momentum buffer is nonzero only
+// where the gradient is, so the update keeps the same zeros.
+TopKCase MakeSparseCase(size_t n, size_t nonzeros, bool levels, bool momentum, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  TopKCase c;
+  c.grad.assign(n, 0.0f);
+  c.residual.assign(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 2 == 1) c.grad[i] = -0.0f;  // i % 4 == 1: +0 + -0 = +0
+    if (i % 4 >= 2) c.residual[i] = -0.0f;  // i % 4 == 3: -0 + -0 = -0
+  }
+  std::vector<uint32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0u);
+  std::shuffle(pos.begin(), pos.end(), rng);
+  pos.resize(nonzeros);
+  for (uint32_t i : pos) {
+    c.grad[i] = levels ? static_cast<float>(1 + rng() % 2) * (rng() % 2 ? 1.0f : -1.0f)
+                       : normal(rng);
+  }
+  if (momentum) {
+    c.momentum = 0.9f;
+    c.mom.assign(n, 0.0f);
+    for (uint32_t i : pos) c.mom[i] = levels ? 1.0f : normal(rng);
+  }
+  return c;
+}
+
+TEST_P(TopKIsaTest, MostlyZeroInputsCollectOnlyTheNonzeros) {
+  const size_t n = size_t{1} << 20;  // large enough for the sampled threshold
+  auto ws = K().NewWorkspace();
+  auto* cws = dynamic_cast<cpu::TopKWorkspace*>(ws.get());
+  ASSERT_NE(cws, nullptr);
+  const size_t k = 1000;
+  uint32_t seed = 300;
+  for (bool momentum : {false, true}) {
+    // Nonzero counts around k: more than k (the candidates decide), exactly k, k - 1 and far
+    // fewer (every nonzero plus the lowest-index zeros), none at all; 0.1% density (1049).
+    for (size_t nonzeros : {size_t{1049}, k + 1, k, k - 1, size_t{10}, size_t{0}}) {
+      for (bool levels : {false, true}) {
+        TopKCase c = MakeSparseCase(n, nonzeros, levels, momentum, seed++);
+        SCOPED_TRACE(::testing::Message() << "momentum=" << momentum << " nonzeros=" << nonzeros
+                                          << " levels=" << levels << " k=" << k);
+        ExpectMatchesReference(c, k, ws.get());
+        EXPECT_TRUE(cws->last_used_sample) << "the nonzero entries should decide the selection";
+        EXPECT_EQ(cws->last_candidates, nonzeros) << "exactly the nonzero entries are collected";
+      }
+    }
+    // Large k on sparse data: almost all of the selection is zeros.
+    TopKCase c = MakeSparseCase(n, 1049, false, momentum, seed++);
+    for (size_t kk : {size_t{1}, size_t{10486}, n / 3, n - 1}) {
+      SCOPED_TRACE(::testing::Message() << "momentum=" << momentum << " k=" << kk);
+      ExpectMatchesReference(c, kk, ws.get());
+    }
+  }
+}
+
+TEST_P(TopKIsaTest, AllZerosSelectTheLowestIndicesWithTheirSigns) {
+  const size_t n = size_t{1} << 17;
+  auto ws = K().NewWorkspace();
+  for (bool momentum : {false, true}) {
+    TopKCase c = MakeSparseCase(n, 0, false, momentum, 7);
+    for (size_t k : {size_t{1}, size_t{5}, size_t{131}, size_t{4096}, n - 1, n}) {
+      SCOPED_TRACE(::testing::Message() << "momentum=" << momentum << " k=" << k);
+      TopKResult got = RunKernel(c, k, ws.get());
+      ASSERT_EQ(got.idx.size(), k);
+      // Index 3 mod 4 held -0 in both the gradient and the residual: the sum is -0. With
+      // momentum the update is 0.9 * (+0) + (-0) = +0, and -0 + +0 = +0.
+      auto negative = [&](size_t i) { return !momentum && i % 4 == 3; };
+      for (size_t j = 0; j < k; ++j) {
+        ASSERT_EQ(got.idx[j], j);
+        ASSERT_EQ(FloatBits(got.val[j]), negative(j) ? 0x80000000u : 0u) << "j = " << j;
+      }
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t want = i >= k && negative(i) ? 0x80000000u : 0u;
+        ASSERT_EQ(FloatBits(got.residual[i]), want) << "residual[" << i << "]";
+      }
+      ExpectMatchesReference(c, k, ws.get());
+    }
+  }
+}
+
+// Several steps on one sparse layer: the residual keeps the unsent nonzeros, so their count
+// (and the path) changes from step to step; each step must match the reference.
+TEST_P(TopKIsaTest, SparseStepsMatchReference) {
+  const size_t n = size_t{1} << 18, k = 300;
+  auto ws = K().NewWorkspace();
+  for (bool momentum : {false, true}) {
+    TopKCase state = MakeSparseCase(n, 0, false, momentum, 11);
+    for (int step = 0; step < 4; ++step) {
+      TopKCase c = MakeSparseCase(n, 200, false, momentum, 20 + step);
+      c.residual = state.residual;
+      c.mom = state.mom;
+      SCOPED_TRACE(::testing::Message() << "momentum=" << momentum << " step=" << step);
+      TopKResult want = Reference(c, k);
+      TopKResult got = RunKernel(c, k, ws.get());
+      ASSERT_EQ(got.idx, want.idx);
+      ExpectSameBits(got.val, want.val, "val");
+      ExpectSameBits(got.residual, want.residual, "residual");
+      ExpectSameBits(got.mom, want.mom, "momentum");
+      state.residual = got.residual;
+      state.mom = got.mom;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, TopKIsaTest, ::testing::ValuesIn(IsasHere()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
