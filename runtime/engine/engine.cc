@@ -97,6 +97,17 @@ Handle::Handle(int layer, int64_t step, std::string layer_name)
     : layer_(layer), step_(step), layer_name_(std::move(layer_name)) {}
 
 Status Handle::Wait(double timeout_s) const {
+  // Counted while blocked, so the engine closes its fusion window early (nothing more is
+  // coming from a thread that waits).
+  struct WaitCount {
+    std::atomic<int>* n;
+    explicit WaitCount(std::atomic<int>* c) : n(c) {
+      if (n) n->fetch_add(1, std::memory_order_relaxed);
+    }
+    ~WaitCount() {
+      if (n) n->fetch_sub(1, std::memory_order_relaxed);
+    }
+  } count(done_.load(std::memory_order_acquire) ? nullptr : engine_waiters_.get());
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] { return done_.load(std::memory_order_acquire); };
   if (timeout_s < 0) {
@@ -247,6 +258,7 @@ HandlePtr Engine::Submit(int layer, float* grad, size_t count, int64_t step, Don
 
 HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallback done) {
   auto h = std::make_shared<Handle>(layer, step, LayerName(layer));
+  h->engine_waiters_ = waiters_;
   h->callback_ = std::move(done);
   // Device memory: capture the caller's stream now (the gradient is complete once the work
   // queued there so far has run) and make the handle's completion event. Only the recording
@@ -498,10 +510,17 @@ bool Engine::Cycle() {
       // instead of costing a negotiation and a collective each. The window runs from the
       // first new submission, so a late wake-up does not add to it.
       const double until_us = incoming_.front().submit_us + options_.fusion_wait_us;
-      const double left_us = until_us - NowUs();
-      if (left_us > 0) {
-        cv_.wait_for(lock, std::chrono::microseconds(static_cast<long long>(left_us)),
-                     [&] { return !local_errors_.empty() || shutdown_requested_; });
+      // Checked in short steps: a user thread blocking in Wait closes the window at once.
+      constexpr double kStepUs = 20;
+      for (double left_us = until_us - NowUs();
+           left_us > 0 && waiters_->load(std::memory_order_relaxed) == 0;
+           left_us = until_us - NowUs()) {
+        if (cv_.wait_for(lock,
+                         std::chrono::microseconds(static_cast<long long>(
+                             std::min(left_us, kStepUs) + 1)),
+                         [&] { return !local_errors_.empty() || shutdown_requested_; })) {
+          break;
+        }
       }
     }
   }

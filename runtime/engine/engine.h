@@ -173,6 +173,9 @@ class Handle {
   DoneCallback callback_;  // set before the handle is shared; run once by Complete
   // Device memory: recorded on the engine's stream before Complete (set before sharing).
   std::unique_ptr<engine::Event> done_event_;
+  // The engine's count of user threads blocked in Wait (set before sharing): an engine holding
+  // its fusion window open stops waiting for more layers once somebody waits for a result.
+  std::shared_ptr<std::atomic<int>> engine_waiters_;
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
@@ -339,6 +342,8 @@ class Engine {
   std::string exec_error_;                    // a local failure to report next cycle
   StatusCode exec_error_code_ = StatusCode::kOk;
   bool ran_last_cycle_ = false;
+  // User threads blocked in Handle::Wait (shared with the handles, which may outlive us).
+  std::shared_ptr<std::atomic<int>> waiters_ = std::make_shared<std::atomic<int>>(0);
   // Entries moved into the queues after the last vector was built (not announced yet): an
   // engine holding them never sleeps before its next negotiation.
   bool unannounced_ = false;
