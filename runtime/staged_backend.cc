@@ -17,6 +17,10 @@ struct StagedBackend::InFlight {
 
 namespace {
 
+// The host collective a staged call runs: this backend has already agreed on the arguments
+// across ranks (or its caller has), so the host backend skips its own agreement round.
+const CallOptions kStagedHostCall{MemoryKind::kHost, nullptr, /*agreed=*/true};
+
 cudaStream_t ToStream(const CallOptions& opts) { return static_cast<cudaStream_t>(opts.stream); }
 
 Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
@@ -184,7 +188,7 @@ Status StagedBackend::AllReduce(const void* send, void* recv, size_t count, DTyp
   PSD_CHECK(opts.agreed ? local
                         : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
   if (count == 0) return Status::Ok();
-  PSD_CHECK(host_->AllReduce(buf.data(), buf.data(), count, dtype, {MemoryKind::kHost, nullptr}));
+  PSD_CHECK(host_->AllReduce(buf.data(), buf.data(), count, dtype, kStagedHostCall));
   void* h = buf.data();
   return StageOut(recv, h, bytes, ToStream(opts), std::move(buf));
 }
@@ -212,7 +216,7 @@ Status StagedBackend::ReduceScatter(const void* send, void* recv, const std::vec
                                 local.ok() ? HashCounts(counts) : 0, std::move(local)));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), total * es);
-  PSD_CHECK(host_->ReduceScatter(buf.data(), h_out, counts, dtype, {MemoryKind::kHost, nullptr}));
+  PSD_CHECK(host_->ReduceScatter(buf.data(), h_out, counts, dtype, kStagedHostCall));
   return StageOut(recv, h_out, mine * es, ToStream(opts), std::move(buf));
 }
 
@@ -237,7 +241,7 @@ Status StagedBackend::AllGather(const void* send, void* recv, size_t count, DTyp
                         : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
   if (count == 0) return Status::Ok();
   void* h_out = At(buf.data(), bytes);
-  PSD_CHECK(host_->AllGather(buf.data(), h_out, count, dtype, {MemoryKind::kHost, nullptr}));
+  PSD_CHECK(host_->AllGather(buf.data(), h_out, count, dtype, kStagedHostCall));
   return StageOut(recv, h_out, all, ToStream(opts), std::move(buf));
 }
 
@@ -264,7 +268,7 @@ Status StagedBackend::AllGatherV(const void* send, void* recv, const std::vector
                                 local.ok() ? HashCounts(counts) : 0, std::move(local)));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), mine * es);
-  PSD_CHECK(host_->AllGatherV(buf.data(), h_out, counts, dtype, {MemoryKind::kHost, nullptr}));
+  PSD_CHECK(host_->AllGatherV(buf.data(), h_out, counts, dtype, kStagedHostCall));
   return StageOut(recv, h_out, total * es, ToStream(opts), std::move(buf));
 }
 
@@ -289,7 +293,7 @@ Status StagedBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
                 ? local
                 : Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local)));
   if (count == 0) return Status::Ok();
-  PSD_CHECK(host_->Broadcast(h.data(), count, dtype, root, {MemoryKind::kHost, nullptr}));
+  PSD_CHECK(host_->Broadcast(h.data(), count, dtype, root, kStagedHostCall));
   if (rank() == root) return Status::Ok();  // the root's device buffer already holds the data
   void* p = h.data();
   return StageOut(buf, p, bytes, ToStream(opts), std::move(h));
@@ -310,7 +314,7 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllReduce(const void* send, voi
   PSD_ASSIGN_OR_RETURN(PinnedPool::Buffer buf, pool_->Acquire(bytes));
   PSD_CHECK(StageIn(send, buf.data(), bytes, ToStream(opts)));
   PSD_ASSIGN_OR_RETURN(auto host_req, host_->IAllReduce(buf.data(), buf.data(), count, dtype,
-                                                        {MemoryKind::kHost, nullptr}));
+                                                        kStagedHostCall));
   PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
   return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv, 0,
                                                     bytes, ToStream(opts), std::move(ev)));
@@ -334,7 +338,7 @@ Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send,
   PSD_CHECK(StageIn(send, buf.data(), total * es, ToStream(opts)));
   PSD_ASSIGN_OR_RETURN(auto host_req,
                        host_->IReduceScatter(buf.data(), At(buf.data(), total * es), counts, dtype,
-                                             {MemoryKind::kHost, nullptr}));
+                                             kStagedHostCall));
   PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
   return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv,
                                                     total * es, mine * es, ToStream(opts),
@@ -358,7 +362,7 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllGatherV(const void* send, vo
   PSD_CHECK(StageIn(send, buf.data(), mine * es, ToStream(opts)));
   PSD_ASSIGN_OR_RETURN(auto host_req,
                        host_->IAllGatherV(buf.data(), At(buf.data(), mine * es), counts, dtype,
-                                          {MemoryKind::kHost, nullptr}));
+                                          kStagedHostCall));
   PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
   return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv,
                                                     mine * es, total * es, ToStream(opts),
