@@ -1060,6 +1060,9 @@ void Engine::RunChunked(const Part& p) {
     return be.IAllReduce(data + ranges[i].first, data + ranges[i].first,
                          ranges[i].second - ranges[i].first, DType::kFloat32);
   };
+  // A local failure (e.g. the scale) must not stop this rank from posting the layer's remaining
+  // chunks: the peers are in those collectives and would wait. Only a failed post (an MPI error)
+  // ends the pipeline early. The first error is reported once every chunk is through.
   Status s;
   std::unique_ptr<Request> current, next;
   double posted = NowUs();
@@ -1069,13 +1072,13 @@ void Engine::RunChunked(const Part& p) {
   } else {
     s = first.status();
   }
-  for (size_t i = 0; i < ranges.size() && s.ok(); ++i) {
+  for (size_t i = 0; i < ranges.size() && current; ++i) {
     double next_posted = 0;
     if (i + 1 < ranges.size()) {
       next_posted = NowUs();
       auto r = post(i + 1);
       if (!r.ok()) {
-        s = r.status();
+        if (s.ok()) s = r.status();
       } else {
         next = std::move(*r);
       }
