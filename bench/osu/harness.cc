@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +25,7 @@
 
 #include "runtime/build_config.h"
 #include "runtime/half.h"
+#include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
 
 #if POSEIDON_CUDA_ENABLED
@@ -404,6 +407,116 @@ size_t CountMismatches(DType dtype, const void* got, const void* want, size_t n)
 }
 
 bool MpiSumSupported(DType dtype) { return !IsHalfDType(dtype); }
+
+Status PeerCall(const char* call, int rc) {
+  return rc == MPI_SUCCESS ? Status::Ok() : MpiError(call, rc);
+}
+
+Status BufferCollective::PrepareBuffers(const Context& ctx, size_t send_count,
+                                        size_t recv_count) {
+  ctx_ = ctx;
+  recv_count_ = recv_count;
+  const size_t es = DTypeSize(ctx.dtype);
+  std::vector<unsigned char> host(send_count * es);
+  FillFormula(ctx.dtype, ctx.rank + 1.0, 0, send_count, host.data());
+  PSD_CHECK(send_.Allocate(ctx.memory, send_count * es));
+  PSD_CHECK(send_.Upload(host.data(), send_count * es));
+  PSD_CHECK(recv_.Allocate(ctx.memory, recv_count * es));
+  want_.resize(recv_count * es);
+  if (ctx.memory != MemoryKind::kHost) got_.resize(recv_count * es);
+  return Status::Ok();
+}
+
+Result<size_t> BufferCollective::CountWrong() {
+  const void* got = recv_.data();
+  if (ctx_.memory != MemoryKind::kHost) {
+    PSD_CHECK(recv_.Download(got_.data(), got_.size()));
+    got = got_.data();
+  }
+  return CountMismatches(ctx_.dtype, got, want_.data(), recv_count_);
+}
+
+void BufferCollective::Release() {
+  send_.Free();
+  recv_.Free();
+  want_ = {};
+  got_ = {};
+}
+
+CallOptions BufferCollective::call_options() const {
+  CallOptions o;
+  o.memory = ctx_.memory;
+  return o;
+}
+
+bool IsFirstRank() {
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  return r == nullptr || std::strcmp(r, "0") == 0;
+}
+
+void PlaceLargeEntries(int world, int rank, size_t n, size_t k, float* sum,
+                       unsigned char* large, float* in) {
+  const size_t s = n / k, h = (k + 1) / 2;
+  for (int r = 0; r < world; ++r) {
+    for (size_t j = 0; j < k; ++j) {
+      size_t m = static_cast<size_t>(r) * h + j;
+      size_t pos = (m * s) % n;
+      float v = static_cast<float>((r + 1) * FormulaF(m)) * (m % 2 == 0 ? 1.0f : -1.0f);
+      sum[pos] += v;
+      large[pos] = 1;
+      if (r == rank) in[pos] = v;
+    }
+  }
+}
+
+float GradientNoise(int rank, size_t i) {
+  uint64_t x =
+      (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) * 0xD1B54A32D192ED03ull;
+  x ^= x >> 29;
+  float mag = std::ldexp(static_cast<float>((x >> 8) % 1024 + 1), -30);
+  return (x & 1) ? -mag : mag;
+}
+
+Status InPlaceBuffers::Allocate(MemoryKind memory, std::vector<float> input) {
+  memory_ = memory;
+  input_ = std::move(input);
+  const size_t bytes = input_.size() * sizeof(float);
+  PSD_CHECK(grad.Allocate(memory, bytes));
+  PSD_CHECK(peer_send.Allocate(memory, bytes));
+  PSD_CHECK(peer_send.Upload(input_.data(), bytes));
+  PSD_CHECK(peer_recv.Allocate(memory, bytes));
+  if (memory != MemoryKind::kHost) got_.resize(input_.size());
+  restored_ = false;
+  return Status::Ok();
+}
+
+Status InPlaceBuffers::BeginOurs() {
+  if (!restored_) PSD_CHECK(Restore());  // a warm-up run: untimed
+  restored_ = false;
+  last_peer_ = false;
+  return Status::Ok();
+}
+
+Status InPlaceBuffers::PoisonOutput() {
+  PSD_CHECK(Restore());
+  restored_ = true;
+  return peer_recv.Poison();
+}
+
+Result<const float*> InPlaceBuffers::Output() {
+  const Buffer& out = last_peer_ ? peer_recv : grad;
+  if (memory_ == MemoryKind::kHost) return static_cast<const float*>(out.data());
+  PSD_CHECK(out.Download(got_.data(), got_.size() * sizeof(float)));
+  return static_cast<const float*>(got_.data());
+}
+
+void InPlaceBuffers::Free() {
+  grad.Free();
+  peer_send.Free();
+  peer_recv.Free();
+  input_ = {};
+  got_ = {};
+}
 
 size_t Collective::CountFor(size_t bytes, DType dtype, int world) const {
   return bytes / DTypeSize(dtype);

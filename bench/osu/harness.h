@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/backend.h"
 #include "runtime/communicator.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
@@ -120,6 +121,76 @@ void FillFormula(DType dtype, double scale, size_t first, size_t n, void* out);
 size_t CountMismatches(DType dtype, const void* got, const void* want, size_t n);
 // MPI datatype for a dtype whose MPI_SUM is native (not the half types).
 bool MpiSumSupported(DType dtype);
+
+// The peer's MPI call as a Status: Ok, or the call's name and MPI's error text.
+Status PeerCall(const char* call, int rc);
+
+// A collective of one call from a send buffer into a separate receive buffer, checked whole
+// against an exact expected output: a program only sizes the buffers, fills the expected
+// output and makes the two calls.
+class BufferCollective : public Collective {
+ public:
+  Status PoisonOutput() override { return recv_.Poison(); }
+  Result<size_t> CountWrong() override;
+  void Release() override;
+
+ protected:
+  // Keeps ctx; allocates send_ (send_count elements, this rank's (rank + 1) * F(i)) and recv_
+  // (recv_count elements), and sizes want_ (recv_count elements) for the caller to fill.
+  Status PrepareBuffers(const Context& ctx, size_t send_count, size_t recv_count);
+  // The start of want_'s element i.
+  unsigned char* want_at(size_t i) { return want_.data() + i * DTypeSize(ctx_.dtype); }
+  CallOptions call_options() const;
+
+  Context ctx_;
+  Buffer send_, recv_;
+
+ private:
+  size_t recv_count_ = 0;
+  std::vector<unsigned char> want_, got_;  // got_: the download of device output
+};
+
+// The rank as mpirun tells it (before MPI is initialized); 0 for a singleton. Programs with
+// their own options print their errors and help on this rank only.
+bool IsFirstRank();
+
+// Gradient inputs with exactly known sums for the sparse exchanges (osu_topk, osu_hybrid).
+// Rank r's k large entries of an n-element gradient: (r + 1) F(m) with alternating signs at
+// positions (m s) mod n for m in [r h, r h + k) (s = n / k, h = ceil(k / 2): neighbouring
+// ranks share half their positions). Adds every rank's entries to sum in rank order (as the
+// scatter-add), marks their positions in large and writes this rank's into in.
+void PlaceLargeEntries(int world, int rank, size_t n, size_t k, float* sum,
+                       unsigned char* large, float* in);
+// Small noise for the other entries: +-(1..1024) x 2^-30 from a multiplicative hash of (rank,
+// index): varied magnitudes, as real gradients have, never zero; sums of a few thousand are
+// exact in float32.
+float GradientNoise(int rank, size_t i);
+
+// The buffers of an in-place exchange (ours overwrites grad) and of its peer, MPI_Allreduce
+// of the same dense gradient from peer_send into peer_recv. Ours works in place, so the
+// input is restored before every run outside the timed region: before a timed run by
+// PoisonOutput, before a warm-up run (no PoisonOutput before it) by BeginOurs itself.
+class InPlaceBuffers {
+ public:
+  // grad and both peer buffers for input.size() floats; peer_send holds the input.
+  Status Allocate(MemoryKind memory, std::vector<float> input);
+  Status BeginOurs();  // at the start of ours
+  void BeginPeer() { last_peer_ = true; }
+  Status PoisonOutput();
+  bool last_peer() const { return last_peer_; }
+  // The last run's output (ours: grad, the peer: peer_recv) readable on the host.
+  Result<const float*> Output();
+  void Free();
+
+  Buffer grad, peer_send, peer_recv;
+
+ private:
+  Status Restore() { return grad.Upload(input_.data(), input_.size() * sizeof(float)); }
+
+  MemoryKind memory_ = MemoryKind::kHost;
+  std::vector<float> input_, got_;
+  bool restored_ = false, last_peer_ = false;
+};
 
 // The whole program: MPI init, communicator, options, preamble, rows, exit status.
 int RunMain(int argc, char** argv, Collective& collective);

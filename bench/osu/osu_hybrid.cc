@@ -138,41 +138,31 @@ class HybridBench : public Collective {
     }
 
     // Host inputs and exact sums (every rank builds every rank's contribution).
-    input_.assign(total_, 0.0f);
+    std::vector<float> input(total_, 0.0f);
     want_sum_.assign(total_, 0.0f);
     want_avg_.assign(total_, 0.0f);
     const float inv = 1.0f / static_cast<float>(world);
     std::vector<float> u_host(u_off), v_host(v_off);
     const double s_ranks = world * (world + 1) / 2.0;
     for (Layer& l : layers_) {
-      float* in = input_.data() + l.offset;
+      float* in = input.data() + l.offset;
       float* sum = want_sum_.data() + l.offset;
       float* avg = want_avg_.data() + l.offset;
       const LayerSpec& spec = hc_->layer(l.id);
       if (spec.kind == LayerKind::kSparse) {
         l.sparse = true;
         const size_t k = strategy_internal::TopkCount(spec);
-        const size_t s = l.n / k, h = (k + 1) / 2;
         const bool compressed = l.strategy == StrategyKind::kTopk &&
                                 static_cast<long long>(l.n) >= spec.topk.min_elements.value_or(0);
         std::vector<unsigned char> large(l.n, 0);
-        for (int r = 0; r < world; ++r) {
-          for (size_t j = 0; j < k; ++j) {
-            size_t mm = static_cast<size_t>(r) * h + j;
-            size_t pos = (mm * s) % l.n;
-            float v = static_cast<float>((r + 1) * FormulaF(mm)) * (mm % 2 == 0 ? 1.0f : -1.0f);
-            sum[pos] += v;  // rank order, as the scatter-add
-            large[pos] = 1;
-            if (r == ctx.rank) in[pos] = v;
-          }
-        }
+        PlaceLargeEntries(world, ctx.rank, l.n, k, sum, large.data(), in);
         if (compressed) {
           for (size_t i = 0; i < l.n; ++i) avg[i] = sum[i] * inv;
         }
         for (size_t i = 0; i < l.n; ++i) {
           if (large[i]) continue;
           for (int r = 0; r < world; ++r) {
-            float v = Noise(r, l.offset + i);
+            float v = GradientNoise(r, l.offset + i);
             sum[i] += v;
             if (r == ctx.rank) in[i] = v;
           }
@@ -213,27 +203,19 @@ class HybridBench : public Collective {
         for (size_t i = 0; i < l.n; ++i) avg[i] = sum[i] * inv;
       }
     }
-    const size_t bytes = total_ * sizeof(float);
-    PSD_CHECK(grad_.Allocate(ctx.memory, bytes));
+    PSD_CHECK(io_.Allocate(ctx.memory, std::move(input)));
     PSD_CHECK(u_.Allocate(ctx.memory, u_host.size() * sizeof(float)));
     PSD_CHECK(u_.Upload(u_host.data(), u_host.size() * sizeof(float)));
     PSD_CHECK(v_.Allocate(ctx.memory, v_host.size() * sizeof(float)));
     PSD_CHECK(v_.Upload(v_host.data(), v_host.size() * sizeof(float)));
-    PSD_CHECK(peer_send_.Allocate(ctx.memory, bytes));
-    PSD_CHECK(peer_send_.Upload(input_.data(), bytes));
-    PSD_CHECK(peer_recv_.Allocate(ctx.memory, bytes));
-    if (ctx.memory != MemoryKind::kHost) got_.resize(total_);
-    restored_ = false;
     return Status::Ok();
   }
 
   Status RunOurs() override {
-    if (!restored_) PSD_CHECK(Restore());  // a warm-up run: untimed
-    restored_ = false;
-    last_peer_ = false;
+    PSD_CHECK(io_.BeginOurs());
     hc_->ResetIteration();
     const double dense_before = hc_->TotalTraffic().dense_bytes;
-    float* grad = static_cast<float*>(grad_.data());
+    float* grad = static_cast<float*>(io_.grad.data());
     const float* u = static_cast<const float*>(u_.data());
     const float* v = static_cast<const float*>(v_.data());
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
@@ -255,32 +237,23 @@ class HybridBench : public Collective {
   }
 
   Status RunPeer() override {
-    last_peer_ = true;
+    io_.BeginPeer();
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-      const float* send = static_cast<const float*>(peer_send_.data()) + it->offset;
-      float* recv = static_cast<float*>(peer_recv_.data()) + it->offset;
-      int rc = MPI_Allreduce(send, recv, static_cast<int>(it->n), MPI_FLOAT, MPI_SUM,
-                             ctx_.comm->mpi_comm());
-      if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc);
+      const float* send = static_cast<const float*>(io_.peer_send.data()) + it->offset;
+      float* recv = static_cast<float*>(io_.peer_recv.data()) + it->offset;
+      PSD_CHECK(PeerCall("MPI_Allreduce",
+                         MPI_Allreduce(send, recv, static_cast<int>(it->n), MPI_FLOAT, MPI_SUM,
+                                       ctx_.comm->mpi_comm())));
     }
     return Status::Ok();
   }
 
   // Ours works in place: put the inputs back. The peer's output is poisoned.
-  Status PoisonOutput() override {
-    PSD_CHECK(Restore());
-    restored_ = true;
-    return peer_recv_.Poison();
-  }
+  Status PoisonOutput() override { return io_.PoisonOutput(); }
 
   Result<size_t> CountWrong() override {
-    const Buffer& out = last_peer_ ? peer_recv_ : grad_;
-    const float* got = static_cast<const float*>(out.data());
-    if (ctx_.memory != MemoryKind::kHost) {
-      PSD_CHECK(out.Download(got_.data(), total_ * sizeof(float)));
-      got = got_.data();
-    }
-    if (last_peer_) return CountMismatches(DType::kFloat32, got, want_sum_.data(), total_);
+    PSD_ASSIGN_OR_RETURN(const float* got, io_.Output());
+    if (io_.last_peer()) return CountMismatches(DType::kFloat32, got, want_sum_.data(), total_);
     const int world = ctx_.world;
     const float inv = 1.0f / static_cast<float>(world);
     const bool exact = (world & (world - 1)) == 0;
@@ -320,15 +293,11 @@ class HybridBench : public Collective {
 
   void Release() override {
     hc_.reset();
-    grad_.Free();
+    io_.Free();
     u_.Free();
     v_.Free();
-    peer_send_.Free();
-    peer_recv_.Free();
-    input_ = {};
     want_sum_ = {};
     want_avg_ = {};
-    got_ = {};
   }
 
  private:
@@ -341,16 +310,6 @@ class HybridBench : public Collective {
     std::vector<std::pair<size_t, float>> samples;  // FC: index, exact sum over ranks
   };
 
-  Status Restore() { return grad_.Upload(input_.data(), total_ * sizeof(float)); }
-  // +-(1..1024) x 2^-30 from a hash of (rank, index), as osu_topk: never zero, and sums of a
-  // few thousand of them are exact in float32.
-  static float Noise(int rank, size_t i) {
-    uint64_t x =
-        (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) * 0xD1B54A32D192ED03ull;
-    x ^= x >> 29;
-    float mag = std::ldexp(static_cast<float>((x >> 8) % 1024 + 1), -30);
-    return (x & 1) ? -mag : mag;
-  }
   std::string PlanText() const {
     std::string s;
     for (const auto& [name, n] : plan_counts_) s += StrCat(s.empty() ? "" : ",", name, "=", n);
@@ -365,17 +324,11 @@ class HybridBench : public Collective {
   std::vector<Layer> layers_;
   std::map<std::string, int> plan_counts_;
   int64_t step_ = 0;
-  Buffer grad_, u_, v_, peer_send_, peer_recv_;
-  std::vector<float> input_, want_sum_, want_avg_, got_;
-  bool restored_ = false, last_peer_ = false;
+  InPlaceBuffers io_;
+  Buffer u_, v_;
+  std::vector<float> want_sum_, want_avg_;
   double bytes_sent_ = 0, dense_bytes_ = 0;
 };
-
-// The rank as mpirun tells it (MPI is not initialized yet); 0 for a singleton.
-bool IsFirstRank() {
-  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
-  return r == nullptr || std::strcmp(r, "0") == 0;
-}
 
 int OptionError(const std::string& text) {
   if (IsFirstRank()) std::fprintf(stderr, "osu_hybrid: %s\n", text.c_str());

@@ -13,7 +13,7 @@
 namespace poseidon::osu {
 namespace {
 
-class ReduceScatterBench : public Collective {
+class ReduceScatterBench : public BufferCollective {
  public:
   std::string program() const override { return "osu_reduce_scatter"; }
   std::string ours_name() const override { return "Backend::ReduceScatter"; }
@@ -22,57 +22,28 @@ class ReduceScatterBench : public Collective {
   double BusFactor(int world) const override { return 1.0 * (world - 1) / world; }
 
   Status Prepare(const Context& ctx, size_t count) override {
-    ctx_ = ctx;
     counts_ = ShardCounts(count, ctx.world);
     int_counts_.assign(counts_.begin(), counts_.end());
     mine_ = counts_[static_cast<size_t>(ctx.rank)];
-    const size_t es = DTypeSize(ctx.dtype);
-    std::vector<unsigned char> host(count * es);
-    FillFormula(ctx.dtype, ctx.rank + 1.0, 0, count, host.data());
-    PSD_CHECK(send_.Allocate(ctx.memory, count * es));
-    PSD_CHECK(send_.Upload(host.data(), count * es));
-    PSD_CHECK(recv_.Allocate(ctx.memory, mine_ * es));
-    want_.resize(mine_ * es);
+    PSD_CHECK(PrepareBuffers(ctx, count, mine_));
     FillFormula(ctx.dtype, ctx.world * (ctx.world + 1) / 2.0,
-                ShardOffset(count, ctx.world, ctx.rank), mine_, want_.data());
-    if (ctx.memory != MemoryKind::kHost) got_.resize(mine_ * es);
+                ShardOffset(count, ctx.world, ctx.rank), mine_, want_at(0));
     return Status::Ok();
   }
   Status RunOurs() override {
-    CallOptions o;
-    o.memory = ctx_.memory;
     return ctx_.backend->ReduceScatter(send_.data(), mine_ ? recv_.data() : nullptr, counts_,
-                                       ctx_.dtype, o);
+                                       ctx_.dtype, call_options());
   }
   Status RunPeer() override {
-    int rc = MPI_Reduce_scatter(send_.data(), recv_.data(), int_counts_.data(),
-                                ToMpiType(ctx_.dtype), MPI_SUM, ctx_.comm->mpi_comm());
-    if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_scatter", rc);
-    return Status::Ok();
-  }
-  Status PoisonOutput() override { return recv_.Poison(); }
-  Result<size_t> CountWrong() override {
-    const void* got = recv_.data();
-    if (ctx_.memory != MemoryKind::kHost) {
-      PSD_CHECK(recv_.Download(got_.data(), got_.size()));
-      got = got_.data();
-    }
-    return CountMismatches(ctx_.dtype, got, want_.data(), mine_);
-  }
-  void Release() override {
-    send_.Free();
-    recv_.Free();
-    want_ = {};
-    got_ = {};
+    return PeerCall("MPI_Reduce_scatter",
+                    MPI_Reduce_scatter(send_.data(), recv_.data(), int_counts_.data(),
+                                       ToMpiType(ctx_.dtype), MPI_SUM, ctx_.comm->mpi_comm()));
   }
 
  private:
-  Context ctx_;
   std::vector<size_t> counts_;
   std::vector<int> int_counts_;
   size_t mine_ = 0;
-  Buffer send_, recv_;
-  std::vector<unsigned char> want_, got_;
 };
 
 }  // namespace

@@ -34,7 +34,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,20 +87,9 @@ class TopkBench : public Collective {
 
     // Every rank's gradient (each rank builds them all to know the exact sums).
     const int world = ctx.world;
-    const size_t s = n_ / k_, h = (k_ + 1) / 2;
-    std::vector<float> sum(n_, 0.0f);
+    std::vector<float> sum(n_, 0.0f), input(n_, 0.0f);
     std::vector<unsigned char> large(n_, 0);  // any rank has a large entry here
-    input_.assign(n_, 0.0f);
-    for (int r = 0; r < world; ++r) {
-      for (size_t j = 0; j < k_; ++j) {
-        size_t m = static_cast<size_t>(r) * h + j;
-        size_t pos = (m * s) % n_;
-        float v = static_cast<float>((r + 1) * FormulaF(m)) * (m % 2 == 0 ? 1.0f : -1.0f);
-        sum[pos] += v;  // rank order 0..P-1, as the scatter-add
-        large[pos] = 1;
-        if (r == ctx.rank) input_[pos] = v;
-      }
-    }
+    PlaceLargeEntries(world, ctx.rank, n_, k_, sum.data(), large.data(), input.data());
     const float inv = 1.0f / static_cast<float>(world);
     want_avg_.resize(n_);
     for (size_t i = 0; i < n_; ++i) want_avg_[i] = sum[i] * inv;
@@ -110,31 +98,23 @@ class TopkBench : public Collective {
       for (size_t i = 0; i < n_; ++i) {
         if (large[i]) continue;
         for (int r = 0; r < world; ++r) {
-          float v = Noise(r, i);
+          float v = GradientNoise(r, i);
           sum[i] += v;
-          if (r == ctx.rank) input_[i] = v;
+          if (r == ctx.rank) input[i] = v;
         }
       }
     }
     want_sum_ = std::move(sum);
 
-    const size_t bytes = n_ * sizeof(float);
-    PSD_CHECK(grad_.Allocate(ctx.memory, bytes));
-    PSD_CHECK(peer_send_.Allocate(ctx.memory, bytes));
-    PSD_CHECK(peer_send_.Upload(input_.data(), bytes));
-    PSD_CHECK(peer_recv_.Allocate(ctx.memory, bytes));
-    got_.resize(n_);
-    restored_ = false;
+    PSD_CHECK(io_.Allocate(ctx.memory, std::move(input)));
     bytes_sent_ = dense_bytes_ = 0;
     return Status::Ok();
   }
 
   Status RunOurs() override {
-    if (!restored_) PSD_CHECK(Restore());  // a warm-up run: untimed
-    restored_ = false;
-    last_peer_ = false;
+    PSD_CHECK(io_.BeginOurs());
     ExchangeBuffers b;
-    b.grad = static_cast<float*>(grad_.data());
+    b.grad = static_cast<float*>(io_.grad.data());
     PSD_CHECK(hc_->Exchange(id_, b, step_++));
     // Device memory: the exchange is queued on the stream; the time includes finishing it.
     PSD_CHECK(hc_->kernels().Synchronize(hc_->stream()));
@@ -145,25 +125,20 @@ class TopkBench : public Collective {
   }
 
   Status RunPeer() override {
-    last_peer_ = true;
-    int rc = MPI_Allreduce(peer_send_.data(), peer_recv_.data(), static_cast<int>(n_), MPI_FLOAT,
-                           MPI_SUM, ctx_.comm->mpi_comm());
-    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc);
-    return Status::Ok();
+    io_.BeginPeer();
+    return PeerCall("MPI_Allreduce",
+                    MPI_Allreduce(io_.peer_send.data(), io_.peer_recv.data(),
+                                  static_cast<int>(n_), MPI_FLOAT, MPI_SUM,
+                                  ctx_.comm->mpi_comm()));
   }
 
   // Ours works in place: put this rank's gradient back. The peer's output is poisoned.
-  Status PoisonOutput() override {
-    PSD_CHECK(Restore());
-    restored_ = true;
-    return peer_recv_.Poison();
-  }
+  Status PoisonOutput() override { return io_.PoisonOutput(); }
 
   Result<size_t> CountWrong() override {
-    const Buffer& out = last_peer_ ? peer_recv_ : grad_;
-    PSD_CHECK(out.Download(got_.data(), n_ * sizeof(float)));
-    const std::vector<float>& want = last_peer_ ? want_sum_ : want_avg_;
-    return CountMismatches(DType::kFloat32, got_.data(), want.data(), n_);
+    PSD_ASSIGN_OR_RETURN(const float* got, io_.Output());
+    const std::vector<float>& want = io_.last_peer() ? want_sum_ : want_avg_;
+    return CountMismatches(DType::kFloat32, got, want.data(), n_);
   }
 
   std::string ExtraHeader() const override {
@@ -182,28 +157,12 @@ class TopkBench : public Collective {
 
   void Release() override {
     hc_.reset();
-    grad_.Free();
-    peer_send_.Free();
-    peer_recv_.Free();
-    input_ = {};
+    io_.Free();
     want_sum_ = {};
     want_avg_ = {};
-    got_ = {};
   }
 
  private:
-  Status Restore() { return grad_.Upload(input_.data(), n_ * sizeof(float)); }
-
-  // +-(1..1024) x 2^-30, from a multiplicative hash of (rank, index): varied magnitudes, as
-  // real gradients have, never zero.
-  static float Noise(int rank, size_t i) {
-    uint64_t x =
-        (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull * (rank + 1)) * 0xD1B54A32D192ED03ull;
-    x ^= x >> 29;
-    float mag = std::ldexp(static_cast<float>((x >> 8) % 1024 + 1), -30);
-    return (x & 1) ? -mag : mag;
-  }
-
   double density_;
   bool zero_rest_;
   Context ctx_;
@@ -211,17 +170,10 @@ class TopkBench : public Collective {
   std::unique_ptr<HybridCollective> hc_;
   int id_ = 0;
   int64_t step_ = 0;
-  Buffer grad_, peer_send_, peer_recv_;
-  std::vector<float> input_, want_sum_, want_avg_, got_;
-  bool restored_ = false, last_peer_ = false;
+  InPlaceBuffers io_;
+  std::vector<float> want_sum_, want_avg_;
   double bytes_sent_ = 0, dense_bytes_ = 0;
 };
-
-// The rank as mpirun tells it (MPI is not initialized yet); 0 for a singleton.
-bool IsFirstRank() {
-  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
-  return r == nullptr || std::strcmp(r, "0") == 0;
-}
 
 }  // namespace
 }  // namespace poseidon::osu
