@@ -3,19 +3,26 @@
 #include <array>
 #include <cstring>
 #include <string>
+#include "runtime/hash.h"
 
 namespace poseidon {
 
 uint64_t HashCounts(const std::vector<size_t>& counts) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a over the values
-  for (size_t c : counts) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (static_cast<uint64_t>(c) >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  }
+  uint64_t h = Fnv1a(counts.data(), counts.size() * sizeof(size_t));
   h ^= counts.size();
   return h == 0 ? 1 : h;
+}
+
+Status CheckCountsPerRank(const char* call, const std::vector<size_t>& counts, int world) {
+  PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ",
+                  counts.size(), " entries; expected one per rank (", world, ")");
+  return Status::Ok();
+}
+
+size_t SumCounts(const std::vector<size_t>& counts) {
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  return total;
 }
 
 namespace {

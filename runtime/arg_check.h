@@ -33,4 +33,9 @@ Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args);
 
 uint64_t HashCounts(const std::vector<size_t>& counts);
 
+// A counts vector (reduce-scatter / allgatherv shard layout) must hold one entry per rank.
+Status CheckCountsPerRank(const char* call, const std::vector<size_t>& counts, int world);
+// Sum of a counts vector.
+size_t SumCounts(const std::vector<size_t>& counts);
+
 }  // namespace poseidon

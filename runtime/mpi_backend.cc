@@ -65,11 +65,8 @@ Status CheckFitsInt(const char* call, size_t count) {
 }
 
 Status CheckCounts(const char* call, const std::vector<size_t>& counts, int world) {
-  PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ",
-                  counts.size(), " entries; expected one per rank (", world, ")");
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  PSD_CHECK(CheckFitsInt(call, total));
+  PSD_CHECK(CheckCountsPerRank(call, counts, world));
+  PSD_CHECK(CheckFitsInt(call, SumCounts(counts)));
   return Status::Ok();
 }
 
@@ -210,8 +207,7 @@ Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType d
 
 Status MpiBackend::ReduceScatterUnchecked(const void* send, void* recv,
                                           const std::vector<size_t>& counts, DType dtype) {
-  size_t total = 0;
-  for (size_t c : counts) total += c;
+  size_t total = SumCounts(counts);
   if (total == 0) return Status::Ok();
   std::vector<int> rc_counts = ToInts(counts);
   size_t mine = counts[static_cast<size_t>(rank_)];
@@ -239,8 +235,7 @@ Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector
   Status local = CheckDType(call, dtype);
   if (local.ok()) local = CheckMemory(call, opts);
   if (local.ok()) local = CheckCounts(call, counts, size_);
-  size_t total = 0;
-  for (size_t c : counts) total += c;
+  size_t total = SumCounts(counts);
   if (local.ok()) local = CheckBuffer(call, "send", send, total);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, counts[static_cast<size_t>(rank_)]);
   if (CheckArgsEnabled() && !opts.agreed) {
@@ -284,8 +279,7 @@ Status MpiBackend::AllGatherV(const void* send, void* recv, const std::vector<si
   Status local = CheckDType(call, dtype);
   if (local.ok()) local = CheckMemory(call, opts);
   if (local.ok()) local = CheckCounts(call, counts, size_);
-  size_t total = 0;
-  for (size_t c : counts) total += c;
+  size_t total = SumCounts(counts);
   if (local.ok()) local = CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, total);
   if (CheckArgsEnabled() && !opts.agreed) {
@@ -369,8 +363,7 @@ Result<std::unique_ptr<Request>> MpiBackend::IReduceScatter(const void* send, vo
   PSD_CHECK(CheckDType(call, dtype));
   PSD_CHECK(CheckMemory(call, opts));
   PSD_CHECK(CheckCounts(call, counts, size_));
-  size_t total = 0;
-  for (size_t c : counts) total += c;
+  size_t total = SumCounts(counts);
   size_t mine = counts[static_cast<size_t>(rank_)];
   PSD_CHECK(CheckBuffer(call, "send", send, total));
   PSD_CHECK(CheckBuffer(call, "recv", recv, mine));
@@ -405,8 +398,7 @@ Result<std::unique_ptr<Request>> MpiBackend::IAllGatherV(const void* send, void*
   PSD_CHECK(CheckDType(call, dtype));
   PSD_CHECK(CheckMemory(call, opts));
   PSD_CHECK(CheckCounts(call, counts, size_));
-  size_t total = 0;
-  for (size_t c : counts) total += c;
+  size_t total = SumCounts(counts);
   PSD_CHECK(CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]));
   PSD_CHECK(CheckBuffer(call, "recv", recv, total));
   auto req = std::make_unique<MpiRequest>();

@@ -43,17 +43,6 @@ Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
   return Status::Ok();
 }
 
-Status CheckCounts(const char* call, const std::vector<size_t>& counts, int world) {
-  PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ", counts.size(),
-                  " entries; expected one per rank (", world, ")");
-  return Status::Ok();
-}
-
-size_t Sum(const std::vector<size_t>& v) {
-  size_t s = 0;
-  for (size_t c : v) s += c;
-  return s;
-}
 
 bool AllEqual(const std::vector<size_t>& v) {
   return std::all_of(v.begin(), v.end(), [&](size_t c) { return c == v[0]; });
@@ -221,7 +210,7 @@ Status NcclBackend::LaunchAllReduce(const void* send, void* recv, size_t count, 
 Status NcclBackend::LaunchReduceScatter(const void* send, void* recv,
                                         const std::vector<size_t>& counts, DType dtype,
                                         cudaStream_t stream) {
-  size_t total = Sum(counts);
+  size_t total = SumCounts(counts);
   if (total == 0) return Status::Ok();
   size_t es = DTypeSize(dtype);
   size_t mine = counts[static_cast<size_t>(rank_)];
@@ -267,7 +256,7 @@ Status NcclBackend::LaunchReduceScatter(const void* send, void* recv,
 Status NcclBackend::LaunchAllGatherV(const void* send, void* recv,
                                      const std::vector<size_t>& counts, DType dtype,
                                      cudaStream_t stream) {
-  size_t total = Sum(counts);
+  size_t total = SumCounts(counts);
   if (total == 0) return Status::Ok();
   ncclDataType_t t = ToNcclType(dtype);
   if (AllEqual(counts)) {
@@ -308,9 +297,9 @@ Status NcclBackend::ReduceScatter(const void* send, void* recv, const std::vecto
                                   DType dtype, const CallOptions& opts) {
   const char* call = "ReduceScatter";
   Status local = CheckCommon(call, dtype, opts);
-  if (local.ok()) local = CheckCounts(call, counts, size_);
+  if (local.ok()) local = CheckCountsPerRank(call, counts, size_);
   size_t es = DTypeSize(dtype);
-  size_t total = local.ok() ? Sum(counts) : 0;
+  size_t total = local.ok() ? SumCounts(counts) : 0;
   if (local.ok()) local = CheckDevicePointer(call, "send", send, total * es);
   if (local.ok()) {
     local = CheckDevicePointer(call, "recv", recv, counts[static_cast<size_t>(rank_)] * es);
@@ -342,9 +331,9 @@ Status NcclBackend::AllGatherV(const void* send, void* recv, const std::vector<s
                                DType dtype, const CallOptions& opts) {
   const char* call = "AllGatherV";
   Status local = CheckCommon(call, dtype, opts);
-  if (local.ok()) local = CheckCounts(call, counts, size_);
+  if (local.ok()) local = CheckCountsPerRank(call, counts, size_);
   size_t es = DTypeSize(dtype);
-  size_t total = local.ok() ? Sum(counts) : 0;
+  size_t total = local.ok() ? SumCounts(counts) : 0;
   if (local.ok()) {
     local = CheckDevicePointer(call, "send", send, counts[static_cast<size_t>(rank_)] * es);
   }
@@ -406,9 +395,9 @@ Result<std::unique_ptr<Request>> NcclBackend::IReduceScatter(const void* send, v
                                                              DType dtype, const CallOptions& opts) {
   const char* call = "IReduceScatter";
   PSD_CHECK(CheckCommon(call, dtype, opts));
-  PSD_CHECK(CheckCounts(call, counts, size_));
+  PSD_CHECK(CheckCountsPerRank(call, counts, size_));
   size_t es = DTypeSize(dtype);
-  PSD_CHECK(CheckDevicePointer(call, "send", send, Sum(counts) * es));
+  PSD_CHECK(CheckDevicePointer(call, "send", send, SumCounts(counts) * es));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, counts[static_cast<size_t>(rank_)] * es));
   PSD_CHECK(CheckAsyncError());
   PSD_CHECK(LaunchReduceScatter(send, recv, counts, dtype, ToStream(opts)));
@@ -420,10 +409,10 @@ Result<std::unique_ptr<Request>> NcclBackend::IAllGatherV(const void* send, void
                                                           DType dtype, const CallOptions& opts) {
   const char* call = "IAllGatherV";
   PSD_CHECK(CheckCommon(call, dtype, opts));
-  PSD_CHECK(CheckCounts(call, counts, size_));
+  PSD_CHECK(CheckCountsPerRank(call, counts, size_));
   size_t es = DTypeSize(dtype);
   PSD_CHECK(CheckDevicePointer(call, "send", send, counts[static_cast<size_t>(rank_)] * es));
-  PSD_CHECK(CheckDevicePointer(call, "recv", recv, Sum(counts) * es));
+  PSD_CHECK(CheckDevicePointer(call, "recv", recv, SumCounts(counts) * es));
   PSD_CHECK(CheckAsyncError());
   PSD_CHECK(LaunchAllGatherV(send, recv, counts, dtype, ToStream(opts)));
   return MakeRequest(call, ToStream(opts));

@@ -31,17 +31,6 @@ Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
   return Status::Ok();
 }
 
-Status CheckCounts(const char* call, const std::vector<size_t>& counts, int world) {
-  PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ", counts.size(),
-                  " entries; expected one per rank (", world, ")");
-  return Status::Ok();
-}
-
-size_t Sum(const std::vector<size_t>& v) {
-  size_t s = 0;
-  for (size_t c : v) s += c;
-  return s;
-}
 
 unsigned char* At(void* base, size_t bytes) { return static_cast<unsigned char*>(base) + bytes; }
 
@@ -198,9 +187,9 @@ Status StagedBackend::ReduceScatter(const void* send, void* recv, const std::vec
   const char* call = "ReduceScatter";
   Reap();
   Status local = CheckCommon(call, dtype, opts);
-  if (local.ok()) local = CheckCounts(call, counts, size());
+  if (local.ok()) local = CheckCountsPerRank(call, counts, size());
   size_t es = DTypeSize(dtype);
-  size_t total = local.ok() ? Sum(counts) : 0;
+  size_t total = local.ok() ? SumCounts(counts) : 0;
   size_t mine = local.ok() ? counts[static_cast<size_t>(rank())] : 0;
   if (local.ok()) local = CheckDevicePointer(call, "send", send, total * es);
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, mine * es);
@@ -250,9 +239,9 @@ Status StagedBackend::AllGatherV(const void* send, void* recv, const std::vector
   const char* call = "AllGatherV";
   Reap();
   Status local = CheckCommon(call, dtype, opts);
-  if (local.ok()) local = CheckCounts(call, counts, size());
+  if (local.ok()) local = CheckCountsPerRank(call, counts, size());
   size_t es = DTypeSize(dtype);
-  size_t total = local.ok() ? Sum(counts) : 0;
+  size_t total = local.ok() ? SumCounts(counts) : 0;
   size_t mine = local.ok() ? counts[static_cast<size_t>(rank())] : 0;
   if (local.ok()) local = CheckDevicePointer(call, "send", send, mine * es);
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, total * es);
@@ -327,9 +316,9 @@ Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send,
   const char* call = "IReduceScatter";
   Reap();
   PSD_CHECK(CheckCommon(call, dtype, opts));
-  PSD_CHECK(CheckCounts(call, counts, size()));
+  PSD_CHECK(CheckCountsPerRank(call, counts, size()));
   size_t es = DTypeSize(dtype);
-  size_t total = Sum(counts);
+  size_t total = SumCounts(counts);
   size_t mine = counts[static_cast<size_t>(rank())];
   PSD_CHECK(CheckDevicePointer(call, "send", send, total * es));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, mine * es));
@@ -351,9 +340,9 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllGatherV(const void* send, vo
   const char* call = "IAllGatherV";
   Reap();
   PSD_CHECK(CheckCommon(call, dtype, opts));
-  PSD_CHECK(CheckCounts(call, counts, size()));
+  PSD_CHECK(CheckCountsPerRank(call, counts, size()));
   size_t es = DTypeSize(dtype);
-  size_t total = Sum(counts);
+  size_t total = SumCounts(counts);
   size_t mine = counts[static_cast<size_t>(rank())];
   PSD_CHECK(CheckDevicePointer(call, "send", send, mine * es));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, total * es));
