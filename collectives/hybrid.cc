@@ -5,6 +5,7 @@
 //  Exchange: the layer's planned strategy runs with its LayerState (made on first use, kept
 //  while the strategy stays the same), then the traffic counters are updated.
 #include "collectives/hybrid.h"
+#include "runtime/hash.h"
 
 #include <cstring>
 
@@ -72,11 +73,7 @@ Status HybridCollective::BuildPlan(size_t batch, const CostModel& model,
   // Every rank must hold the same plan: compare a hash of its table (FNV-1a, 63 bits so it
   // travels as int64) across ranks.
   std::string text = plan.ToString();
-  uint64_t h = 1469598103934665603ull;
-  for (char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
+  uint64_t h = Fnv1a(text.data(), text.size());
   int64_t mine = static_cast<int64_t>(h >> 1);
   std::vector<int64_t> all(static_cast<size_t>(world()));
   PSD_CHECK(comm_->host_backend().AllGather(&mine, all.data(), 1, DType::kInt64));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/build_config.h"
+#include "runtime/hash.h"
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
@@ -71,15 +72,8 @@ Result<std::shared_ptr<Communicator>> Communicator::Create(MPI_Comm comm) {
     hosts.insert(std::string(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]));
   }
   c->num_nodes_ = static_cast<int>(hosts.size());
-  uint64_t h = 14695981039346656037ull;
-  for (const auto& s : hosts) {
-    for (char ch : s) {
-      h ^= static_cast<unsigned char>(ch);
-      h *= 1099511628211ull;
-    }
-    h ^= 0xff;
-    h *= 1099511628211ull;
-  }
+  uint64_t h = kFnv1aOffset;
+  for (const auto& s : hosts) h = Fnv1a(s.c_str(), s.size() + 1, h);  // the NUL separates names
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%08x", static_cast<unsigned>(h ^ (h >> 32)));
   c->host_key_ = StrCat("P", c->size_, "-hosts", c->num_nodes_, "-", hex);

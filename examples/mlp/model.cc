@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "examples/mlp/data.h"
+#include "runtime/hash.h"
 
 namespace poseidon::mlp {
 namespace {
@@ -208,13 +209,7 @@ Status SgdMomentum::Step(float* params, const float* grads, size_t n) {
 }
 
 uint64_t HashBytes(const void* data, size_t bytes) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;  // FNV 64 prime
-  }
-  return h;
+  return Fnv1a(data, bytes);
 }
 
 }  // namespace poseidon::mlp

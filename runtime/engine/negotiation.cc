@@ -8,20 +8,14 @@
 
 #include "collectives/layer.h"
 #include "runtime/dtype.h"
+#include "runtime/hash.h"
 
 namespace poseidon::engine {
 
 uint64_t Descriptor::Hash() const {
   int64_t w[kWords];
   ToWords(w);
-  uint64_t h = 1469598103934665603ull;  // FNV-1a offset basis
-  for (int64_t x : w) {
-    uint64_t u = static_cast<uint64_t>(x);
-    for (int b = 0; b < 8; ++b) {
-      h ^= (u >> (8 * b)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  }
+  uint64_t h = Fnv1a(w, sizeof(w));
   // splitmix64 finalizer: spreads FNV's weak high bits.
   h ^= h >> 30;
   h *= 0xbf58476d1ce4e5b9ull;
