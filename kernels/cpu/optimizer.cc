@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/contract_checks.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace poseidon {
@@ -34,35 +35,15 @@ void SumBlock(const float* __restrict grads, int num, size_t stride, size_t base
   }
 }
 
-Status CheckPieces(const char* call, const float* grads, int num, size_t stride, size_t n) {
-  PSD_REQUIRE_ARG(num >= 1, call, ": num_grads is ", num, "; expected >= 1");
-  PSD_REQUIRE_ARG(grads != nullptr, call, ": grads is null with n = ", n);
-  PSD_REQUIRE_ARG(num == 1 || stride >= n, call, ": grad_stride is ", stride, " but n is ", n,
-                  "; expected grad_stride >= n so the ", num, " pieces do not overlap");
-  return Status::Ok();
-}
-
-bool NonNegativeFinite(float x) { return std::isfinite(x) && x >= 0.0f; }
+using kernel_checks::CheckPieces;
 
 }  // namespace
 
 Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                float grad_scale, float* velocity, size_t n, const SgdParams& p) {
-  constexpr const char* kCall = "SgdStep";
-  PSD_REQUIRE_ARG(NonNegativeFinite(p.lr), kCall, ": lr is ", p.lr, "; expected finite >= 0");
-  PSD_REQUIRE_ARG(NonNegativeFinite(p.momentum), kCall, ": momentum is ", p.momentum,
-                  "; expected finite >= 0");
-  PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ",
-                  p.weight_decay, "; expected finite >= 0");
-  PSD_REQUIRE_ARG(!p.nesterov || p.momentum > 0.0f, kCall,
-                  ": nesterov needs momentum > 0 (momentum is ", p.momentum, ")");
-  PSD_REQUIRE_ARG(std::isfinite(grad_scale), kCall, ": grad_scale is ", grad_scale,
-                  "; expected a finite factor");
+  PSD_CHECK(kernel_checks::CheckSgdArgs("SgdStep", param, grads, num_grads, grad_stride,
+                                        grad_scale, velocity, n, p));
   if (n == 0) return Status::Ok();
-  PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
-  PSD_REQUIRE_ARG(param != nullptr, kCall, ": param is null with n = ", n);
-  PSD_REQUIRE_ARG(velocity != nullptr || p.momentum == 0.0f, kCall, ": momentum is ",
-                  p.momentum, " but velocity is null; expected a buffer of n = ", n, " floats");
 
   const float lr = p.lr;
   const float mu = p.momentum;
@@ -100,30 +81,10 @@ Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stri
 
 Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                 float grad_scale, float* m, float* v, size_t n, const AdamParams& p) {
-  constexpr const char* kCall = "AdamStep";
-  PSD_REQUIRE_ARG(NonNegativeFinite(p.lr), kCall, ": lr is ", p.lr, "; expected finite >= 0");
-  PSD_REQUIRE_ARG(p.beta1 >= 0.0f && p.beta1 < 1.0f, kCall, ": beta1 is ", p.beta1,
-                  "; expected 0 <= beta1 < 1");
-  PSD_REQUIRE_ARG(p.beta2 >= 0.0f && p.beta2 < 1.0f, kCall, ": beta2 is ", p.beta2,
-                  "; expected 0 <= beta2 < 1");
-  PSD_REQUIRE_ARG(NonNegativeFinite(p.eps), kCall, ": eps is ", p.eps, "; expected finite >= 0");
-  PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ",
-                  p.weight_decay, "; expected finite >= 0");
-  PSD_REQUIRE_ARG(p.step >= 1, kCall, ": step is ", p.step,
-                  "; expected the 1-based count of steps taken, >= 1");
-  PSD_REQUIRE_ARG(std::isfinite(grad_scale), kCall, ": grad_scale is ", grad_scale,
-                  "; expected a finite factor");
+  double bc1 = 1.0, bc2 = 1.0;
+  PSD_CHECK(kernel_checks::CheckAdamArgs("AdamStep", param, grads, num_grads, grad_stride,
+                                         grad_scale, m, v, n, p, &bc1, &bc2));
   if (n == 0) return Status::Ok();
-  PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
-  PSD_REQUIRE_ARG(param != nullptr, kCall, ": param is null with n = ", n);
-  PSD_REQUIRE_ARG(m != nullptr, kCall, ": m (first moment) is null with n = ", n);
-  PSD_REQUIRE_ARG(v != nullptr, kCall, ": v (second moment) is null with n = ", n);
-
-  const double t = static_cast<double>(p.step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
-  PSD_REQUIRE_ARG(bc1 > 0.0 && bc2 > 0.0, kCall, ": bias correction vanished (beta1 = ",
-                  p.beta1, ", beta2 = ", p.beta2, ", step = ", p.step, ")");
   const float step_size = static_cast<float>(p.lr / bc1);
   const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   const float b1 = p.beta1;

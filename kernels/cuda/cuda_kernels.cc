@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/contract_checks.h"
 #include "runtime/cuda_util.h"
 
 namespace poseidon {
@@ -19,13 +20,9 @@ namespace {
 
 cudaStream_t ToStream(void* s) { return static_cast<cudaStream_t>(s); }
 
-bool NonNegativeFinite(float x) { return std::isfinite(x) && x >= 0.0f; }
-
+// The shared piece checks plus: the whole span must be device memory.
 Status CheckPieces(const char* call, const float* grads, int num, size_t stride, size_t n) {
-  PSD_REQUIRE_ARG(num >= 1, call, ": num_grads is ", num, "; expected >= 1");
-  PSD_REQUIRE_ARG(grads != nullptr, call, ": grads is null with n = ", n);
-  PSD_REQUIRE_ARG(num == 1 || stride >= n, call, ": grad_stride is ", stride, " but n is ", n,
-                  "; expected grad_stride >= n so the ", num, " pieces do not overlap");
+  PSD_CHECK(kernel_checks::CheckPieces(call, grads, num, stride, n));
   size_t span = (static_cast<size_t>(num) - 1) * stride + n;
   return CheckDevicePointer(call, "grads", grads, span * sizeof(float));
 }
@@ -235,20 +232,10 @@ class CudaKernelsImpl final : public Kernels {
                  float grad_scale, float* velocity, size_t n, const SgdParams& p,
                  void* stream) const override {
     constexpr const char* kCall = "SgdStep";
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.lr), kCall, ": lr is ", p.lr, "; expected finite >= 0");
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.momentum), kCall, ": momentum is ", p.momentum,
-                    "; expected finite >= 0");
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ", p.weight_decay,
-                    "; expected finite >= 0");
-    PSD_REQUIRE_ARG(!p.nesterov || p.momentum > 0.0f, kCall,
-                    ": nesterov needs momentum > 0 (momentum is ", p.momentum, ")");
-    PSD_REQUIRE_ARG(std::isfinite(grad_scale), kCall, ": grad_scale is ", grad_scale,
-                    "; expected a finite factor");
+    PSD_CHECK(kernel_checks::CheckSgdArgs(kCall, param, grads, num_grads, grad_stride, grad_scale,
+                                          velocity, n, p));
     if (n == 0) return Status::Ok();
     PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
-    PSD_REQUIRE_ARG(param != nullptr, kCall, ": param is null with n = ", n);
-    PSD_REQUIRE_ARG(velocity != nullptr || p.momentum == 0.0f, kCall, ": momentum is ", p.momentum,
-                    " but velocity is null; expected a buffer of n = ", n, " floats");
     PSD_CHECK(CheckDevicePointer(kCall, "param", param, n * sizeof(float)));
     if (p.momentum != 0.0f) {
       PSD_CHECK(CheckDevicePointer(kCall, "velocity", velocity, n * sizeof(float)));
@@ -261,29 +248,11 @@ class CudaKernelsImpl final : public Kernels {
                   float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
                   void* stream) const override {
     constexpr const char* kCall = "AdamStep";
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.lr), kCall, ": lr is ", p.lr, "; expected finite >= 0");
-    PSD_REQUIRE_ARG(p.beta1 >= 0.0f && p.beta1 < 1.0f, kCall, ": beta1 is ", p.beta1,
-                    "; expected 0 <= beta1 < 1");
-    PSD_REQUIRE_ARG(p.beta2 >= 0.0f && p.beta2 < 1.0f, kCall, ": beta2 is ", p.beta2,
-                    "; expected 0 <= beta2 < 1");
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.eps), kCall, ": eps is ", p.eps, "; expected finite >= 0");
-    PSD_REQUIRE_ARG(NonNegativeFinite(p.weight_decay), kCall, ": weight_decay is ", p.weight_decay,
-                    "; expected finite >= 0");
-    PSD_REQUIRE_ARG(p.step >= 1, kCall, ": step is ", p.step,
-                    "; expected the 1-based count of steps taken, >= 1");
-    PSD_REQUIRE_ARG(std::isfinite(grad_scale), kCall, ": grad_scale is ", grad_scale,
-                    "; expected a finite factor");
+    double bc1 = 1.0, bc2 = 1.0;
+    PSD_CHECK(kernel_checks::CheckAdamArgs(kCall, param, grads, num_grads, grad_stride, grad_scale,
+                                           m, v, n, p, &bc1, &bc2));
     if (n == 0) return Status::Ok();
     PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
-    PSD_REQUIRE_ARG(param != nullptr, kCall, ": param is null with n = ", n);
-    PSD_REQUIRE_ARG(m != nullptr, kCall, ": m (first moment) is null with n = ", n);
-    PSD_REQUIRE_ARG(v != nullptr, kCall, ": v (second moment) is null with n = ", n);
-    // Bias corrections in double, exactly as the CPU kernel computes them.
-    const double t = static_cast<double>(p.step);
-    const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
-    const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
-    PSD_REQUIRE_ARG(bc1 > 0.0 && bc2 > 0.0, kCall, ": bias correction vanished (beta1 = ", p.beta1,
-                    ", beta2 = ", p.beta2, ", step = ", p.step, ")");
     PSD_CHECK(CheckDevicePointer(kCall, "param", param, n * sizeof(float)));
     PSD_CHECK(CheckDevicePointer(kCall, "m", m, n * sizeof(float)));
     PSD_CHECK(CheckDevicePointer(kCall, "v", v, n * sizeof(float)));
