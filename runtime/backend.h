@@ -23,6 +23,17 @@
 
 namespace poseidon {
 
+// Polled by every wait of a call while it waits for its peers (MPI_Test loops, the
+// shared-memory collectives' synchronization). A non-OK status abandons the call at once with
+// that status. Implementations must be cheap and thread-safe. MPI cannot cancel a posted
+// collective: an abandoned call leaves its request (and the buffers it writes) to MPI, so the
+// caller must treat the communicator as dead afterwards (the engine ends the job).
+class Interrupt {
+ public:
+  virtual ~Interrupt() = default;
+  virtual Status Check() const = 0;
+};
+
 struct CallOptions {
   MemoryKind memory = MemoryKind::kHost;
   void* stream = nullptr;  // cudaStream_t for device memory; the call is ordered on it
@@ -31,6 +42,9 @@ struct CallOptions {
   // argument-agreement allreduce (one latency per call). Local checks still run; since the
   // arguments agree, a local failure is the same on every rank.
   bool agreed = false;
+  // Non-null: every wait inside the call polls it (see Interrupt), so the call never blocks
+  // past the moment it reports a lost peer or a deadline. Null: MPI's own blocking waits.
+  const Interrupt* interrupt = nullptr;
 };
 
 // A pending non-blocking collective. Owns whatever scratch the call needs until it completes.

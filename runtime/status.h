@@ -24,6 +24,7 @@ enum class StatusCode : int {
   kUnavailable = 6,      // a feature not built in or not present here (no GPU, no NCCL)
   kInternal = 7,         // a broken invariant inside Poseidon
   kUnimplemented = 8,
+  kPeerLost = 9,         // a peer stopped answering (frozen, dead or cut off); names the rank
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -79,6 +80,10 @@ Status UnavailableError(const Parts&... parts) {
 template <typename... Parts>
 Status TimeoutError(const Parts&... parts) {
   return Status(StatusCode::kTimeout, StrCat(parts...));
+}
+template <typename... Parts>
+Status PeerLostError(const Parts&... parts) {
+  return Status(StatusCode::kPeerLost, StrCat(parts...));
 }
 template <typename... Parts>
 Status AbortedError(const Parts&... parts) {

@@ -1,4 +1,4 @@
-# The engine (runtime/engine): pure pieces alone, then the engine under mpirun.
+# The engine (engine): pure pieces alone, then the engine under mpirun.
 add_executable(engine_unit_test engine/engine_unit_test.cc)
 target_link_libraries(engine_unit_test PRIVATE poseidon_engine GTest::gtest_main)
 add_test(NAME engine_unit_test COMMAND engine_unit_test)

@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# Phase name prefixes as the engine records them (runtime/engine/engine.cc).
+# Phase name prefixes as the engine records them (engine/engine.cc).
 COLORS = [("queue", "#c8c8c8"), ("pack", "#67c23a"), ("unpack", "#95d475"),
           ("allreduce", "#409eff"), ("scale", "#b37feb"), ("ps", "#e6a23c"),
           ("sfb", "#f56c6c"), ("topk", "#d4a017")]

@@ -49,7 +49,7 @@
 #include "collectives/hybrid.h"
 #include "collectives/planner.h"
 #include "runtime/communicator.h"
-#include "runtime/engine/engine.h"
+#include "engine/engine.h"
 
 namespace poseidon::cluster {
 namespace {

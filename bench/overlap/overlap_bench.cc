@@ -30,7 +30,7 @@
 
 #include "collectives/hybrid.h"
 #include "runtime/build_config.h"
-#include "runtime/engine/engine.h"
+#include "engine/engine.h"
 #include "runtime/settings.h"
 #if __has_include("collectives/models.h")
 #include "collectives/models.h"

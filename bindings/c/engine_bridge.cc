@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/engine.h"
+#include "engine/engine.h"
 
 namespace poseidon::capi {
 

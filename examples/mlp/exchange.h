@@ -29,7 +29,7 @@
 #include "collectives/hybrid.h"
 #include "examples/mlp/model.h"
 #include "runtime/communicator.h"
-#include "runtime/engine/engine.h"
+#include "engine/engine.h"
 
 namespace poseidon::mlp {
 

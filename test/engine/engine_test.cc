@@ -2,7 +2,7 @@
 // (r + 1) * f(i) with small integers f(i), so every sum is exact in float32 and the average is
 // sum * (1/P) computed once, the same float operation as the dense strategy: results compare
 // with == (bitwise) whether the engine fused, chunked or ran a layer alone.
-#include "runtime/engine/engine.h"
+#include "engine/engine.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

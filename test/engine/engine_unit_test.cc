@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/engine/fusion.h"
-#include "runtime/engine/negotiation.h"
-#include "runtime/engine/stream_sync.h"
-#include "runtime/engine/timeline.h"
+#include "engine/fusion.h"
+#include "engine/negotiation.h"
+#include "engine/stream_sync.h"
+#include "engine/timeline.h"
 
 namespace poseidon::engine {
 namespace {

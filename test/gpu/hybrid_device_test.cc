@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "collectives/hybrid.h"
-#include "runtime/engine/engine.h"
-#include "runtime/engine/stream_sync.h"
+#include "engine/engine.h"
+#include "engine/stream_sync.h"
 #include "test/gpu/gpu_test_util.h"
 #include "test/mpi_test_main.h"
 

@@ -21,7 +21,7 @@
 //      event on the engine's stream); publish timeline records.
 // Every gather in step 4 is collective, and all ranks enter it because they read the same
 // reduced flags: that is how a disagreement becomes an error on every rank instead of a hang.
-#include "runtime/engine/engine.h"
+#include "engine/engine.h"
 
 #include <algorithm>
 #include <chrono>
@@ -29,7 +29,7 @@
 #include <utility>
 
 #include "kernels/kernels.h"
-#include "runtime/engine/fusion.h"
+#include "engine/fusion.h"
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
@@ -346,6 +346,14 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
   lock.unlock();
   cv_.notify_one();
   return h;
+}
+
+void Engine::ReportError(const Status& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_errors_.push_back(error.message());
+  }
+  cv_.notify_one();
 }
 
 Status Engine::Shutdown() {

@@ -1,5 +1,5 @@
 // Timeline writer: the engine thread buffers records; a writer thread formats Chrome-trace JSON.
-#include "runtime/engine/timeline.h"
+#include "engine/timeline.h"
 
 #include <chrono>
 #include <cinttypes>

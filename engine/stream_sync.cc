@@ -1,6 +1,6 @@
 // CUDA runtime calls for the engine's stream ordering (see stream_sync.h); without CUDA in the
 // build, every entry point reports kUnavailable.
-#include "runtime/engine/stream_sync.h"
+#include "engine/stream_sync.h"
 
 #include "runtime/build_config.h"
 #if POSEIDON_CUDA_ENABLED

@@ -1,5 +1,5 @@
 // Fusion / chunking plan (see fusion.h for the steps).
-#include "runtime/engine/fusion.h"
+#include "engine/fusion.h"
 
 #include <algorithm>
 

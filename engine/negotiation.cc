@@ -1,5 +1,5 @@
 // Negotiation vector layout and the messages built from gathered per-rank data.
-#include "runtime/engine/negotiation.h"
+#include "engine/negotiation.h"
 
 #include <algorithm>
 #include <map>

@@ -90,9 +90,9 @@
 #include "collectives/hybrid.h"
 #include "runtime/communicator.h"
 #include "runtime/dtype.h"
-#include "runtime/engine/negotiation.h"
-#include "runtime/engine/stream_sync.h"
-#include "runtime/engine/timeline.h"
+#include "engine/negotiation.h"
+#include "engine/stream_sync.h"
+#include "engine/timeline.h"
 #include "runtime/status.h"
 
 namespace poseidon {
@@ -219,6 +219,11 @@ class Engine {
   HandlePtr Submit(int layer, const Gradient& gradient, int64_t step, DoneCallback done = {});
   // Float32 gradient, no factors.
   HandlePtr Submit(int layer, float* grad, size_t count, int64_t step, DoneCallback done = {});
+
+  // A local error that the other ranks cannot see (a caller's bad argument found before
+  // Submit, e.g. by a binding): fails the engine on every rank within a cycle, naming this rank
+  // and the message, instead of leaving the peers waiting for a submission that never comes.
+  void ReportError(const Status& error);
 
   // Collective: stops the engine. Pending handles (here and on ranks that have not called
   // Shutdown yet) fail with kAborted "engine was shut down". Idempotent; returns the sticky
