@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "runtime/agreement.h"
 #include "runtime/build_config.h"
 #include "runtime/hash.h"
 #include "runtime/log.h"
@@ -41,7 +42,10 @@ Result<std::shared_ptr<Communicator>> Communicator::Create(MPI_Comm comm) {
               "Communicator::Create: MPI is ", finalized ? "already finalized" : "not initialized",
               "; call MPI_Init_thread (or poseidon::InitMpi) first");
   PSD_REQUIRE_ARG(comm != MPI_COMM_NULL, "Communicator::Create: comm is MPI_COMM_NULL");
-  PSD_CHECK(Settings::Global().Validate());
+  // A value that does not parse is this rank's error (returned first, below); the rank still
+  // takes part in every collective of the setup, and its failed check travels with the agreed
+  // settings, so that the other ranks fail with it instead of waiting for it in a collective.
+  const Status valid = Settings::Global().Validate();
 
   std::shared_ptr<Communicator> c(new Communicator());
   int rc = MPI_Comm_dup(comm, &c->comm_);
@@ -79,6 +83,16 @@ Result<std::shared_ptr<Communicator>> Communicator::Create(MPI_Comm comm) {
   c->host_key_ = StrCat("P", c->size_, "-hosts", c->num_nodes_, "-", hex);
 
   c->host_backend_ = std::make_unique<MpiBackend>(c->comm_);
+
+  // Settings that shape the collectives must match on every rank, or the first collective that
+  // differs hangs or corrupts memory far from the cause.
+  std::vector<AgreedValue> agreed = AgreedSettings();
+  std::string validity = valid.ok() ? "ok" : valid.message();
+  validity = validity.substr(0, validity.find(" [at "));  // the other ranks need no location
+  agreed.push_back(AgreedValue{"Settings::Validate", validity});
+  Status agreement = AgreeOnValues(c->comm_, agreed, "Communicator::Create");
+  PSD_CHECK(valid);
+  PSD_CHECK(agreement);
   return c;
 }
 

@@ -19,8 +19,11 @@ Result<int> InitMpi(int* argc, char*** argv);
 
 class Communicator {
  public:
-  // MPI must be initialized. Duplicates comm; the duplicate is freed by the destructor, which
-  // must run before MPI_Finalize.
+  // MPI must be initialized. Collective over comm. Duplicates comm; the duplicate is freed by
+  // the destructor, which must run before MPI_Finalize. Fails on every rank with kMismatch when
+  // ranks hold different values of an Agreed setting (settings.def; see runtime/agreement.h),
+  // and on a rank whose POSEIDON_* value does not parse with that kInvalidArgument (the other
+  // ranks then get kMismatch naming it). Settings changed after Create are not checked again.
   static Result<std::shared_ptr<Communicator>> Create(MPI_Comm comm = MPI_COMM_WORLD);
   ~Communicator();
   Communicator(const Communicator&) = delete;

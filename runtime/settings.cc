@@ -69,9 +69,14 @@ Settings& Settings::Global() {
   return *s;
 }
 
+// The Scope column of settings.def; a token other than these two does not compile.
+#define PSD_SETTING_AGREED_Agreed true
+#define PSD_SETTING_AGREED_PerRank false
+
 Settings::Settings() {
-#define PSD_SETTING(type, accessor, env, def, help) \
-  infos_.push_back(SettingInfo{env, SettingType::k##type, DefaultText(def), help});
+#define PSD_SETTING(type, accessor, env, def, scope, help) \
+  infos_.push_back(                                        \
+      SettingInfo{env, SettingType::k##type, DefaultText(def), help, PSD_SETTING_AGREED_##scope});
 #include "runtime/settings.def"
 #undef PSD_SETTING
 }
@@ -170,10 +175,10 @@ T ValueOr(Result<T> r, T def) {
   return r.ok() ? *r : def;
 }
 }  // namespace
-#define PSD_SETTING(type, accessor, env, def, help)                                  \
-  PSD_SETTING_##type accessor() {                                                    \
-    return ValueOr<PSD_SETTING_##type>(Settings::Global().Get##type(env),            \
-                                       static_cast<PSD_SETTING_##type>(def));         \
+#define PSD_SETTING(type, accessor, env, def, scope, help)                    \
+  PSD_SETTING_##type accessor() {                                             \
+    return ValueOr<PSD_SETTING_##type>(Settings::Global().Get##type(env),     \
+                                       static_cast<PSD_SETTING_##type>(def)); \
   }
 #include "runtime/settings.def"
 #undef PSD_SETTING

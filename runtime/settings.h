@@ -1,7 +1,8 @@
 // The registry of POSEIDON_* settings. Each one is declared once in settings.def with its type,
 // default and help. Values come from the environment at first use and can be overridden with
 // Settings::Set (the C and Python APIs use it); a value that does not parse is an error that
-// names the variable, the value and the expected type.
+// names the variable, the value and the expected type. Settings marked Agreed in settings.def
+// must hold the same value on every rank; Communicator::Create checks it (runtime/agreement.h).
 #pragma once
 
 #include <map>
@@ -21,6 +22,9 @@ struct SettingInfo {
   SettingType type;
   std::string default_value;  // as text
   std::string help;
+  // Declared Agreed in settings.def: it shapes the collectives a rank issues, so every rank of a
+  // communicator must hold the same value.
+  bool agreed = false;
 };
 
 struct SettingValue {
@@ -66,7 +70,7 @@ namespace settings {
 #define PSD_SETTING_Int long long
 #define PSD_SETTING_Double double
 #define PSD_SETTING_String std::string
-#define PSD_SETTING(type, accessor, env, def, help) PSD_SETTING_##type accessor();
+#define PSD_SETTING(type, accessor, env, def, scope, help) PSD_SETTING_##type accessor();
 #include "runtime/settings.def"
 #undef PSD_SETTING
 }  // namespace settings

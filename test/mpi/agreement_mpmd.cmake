@@ -1,0 +1,30 @@
+# Runs PROG under mpirun's MPMD form with VAR=VALUE exported to the ranks of one app context
+# only, and checks that the job fails (non-zero exit) with the agreement error on every rank.
+#   cmake -DMPIEXEC=... -DFLAGS="..." -DPROG=... -DVAR=... -DVALUE=... -DPOSITION=first|last
+#         -DNP=<ranks> -DEXPECT=<regex> -DTIMEOUT=<s> -P agreement_mpmd.cmake
+separate_arguments(flags UNIX_COMMAND "${FLAGS}")
+math(EXPR rest "${NP} - 1")
+if(POSITION STREQUAL "first")
+  set(contexts -np 1 -x ${VAR}=${VALUE} ${PROG} : -np ${rest} ${PROG})
+else()
+  set(contexts -np ${rest} ${PROG} : -np 1 -x ${VAR}=${VALUE} ${PROG})
+endif()
+set(cmd timeout -k 10 ${TIMEOUT} ${MPIEXEC} ${flags} ${contexts})
+string(REPLACE ";" " " shown "${cmd}")
+message(STATUS "${shown}")
+execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message(STATUS "exit ${rc}\nstdout:\n${out}\nstderr:\n${err}")
+if(rc EQUAL 0)
+  message(FATAL_ERROR "the job exited 0; expected a failure from Communicator::Create")
+endif()
+if(rc EQUAL 124 OR rc EQUAL 137)
+  message(FATAL_ERROR "the job timed out after ${TIMEOUT} s; expected every rank to fail at once")
+endif()
+# A CMake list is ';'-separated and the message holds "; ": compare with ',' in their place.
+string(REPLACE ";" "," err_text "${err}")
+string(REPLACE ";" "," expect "${EXPECT}")
+string(REGEX MATCHALL "${expect}" hits "${err_text}")
+list(LENGTH hits n)
+if(NOT n EQUAL NP)
+  message(FATAL_ERROR "${n} of ${NP} ranks printed the expected error /${EXPECT}/")
+endif()
