@@ -1,0 +1,20 @@
+# Peer liveness (engine/liveness.h) and its heartbeat transport, under mpirun.
+add_executable(liveness_test engine/liveness_test.cc)
+target_link_libraries(liveness_test PRIVATE poseidon_engine poseidon_mpi_test_main)
+# Under ThreadSanitizer, Open MPI's own internals are suppressed (see engine/liveness_tsan.supp).
+set(_psd_liveness_env POSEIDON_LOG_LEVEL=warn)
+if(POSEIDON_SANITIZE STREQUAL "thread")
+  list(APPEND _psd_liveness_env
+       "TSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/engine/liveness_tsan.supp second_deadlock_stack=1")
+endif()
+psd_add_mpi_test(liveness_test NP 2 3 4 TIMEOUT 60 LABELS "engine;liveness"
+                 ENV ${_psd_liveness_env})
+
+# A frozen peer with abort on ends the job: the script checks mpirun's exit status, the time
+# from the freeze to the end (peer timeout 1 s + grace 0.5 s + 3 s) and the "lost peer" line.
+add_test(NAME liveness_abort_test_np3
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/engine/liveness_abort_test.sh 4.5
+          ${MPIEXEC_EXECUTABLE} 3 $<TARGET_FILE:liveness_test> ${POSEIDON_MPIRUN_FLAGS})
+set_tests_properties(liveness_abort_test_np3 PROPERTIES TIMEOUT 90
+  ENVIRONMENT "${POSEIDON_MPI_TEST_ENV};${_psd_liveness_env}" LABELS "mpi;engine;liveness"
+  SKIP_RETURN_CODE 77)
