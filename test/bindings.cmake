@@ -16,6 +16,12 @@ add_executable(c_api_errors_test bindings/c_api_errors_test.cc)
 target_link_libraries(c_api_errors_test PRIVATE poseidon GTest::gtest)
 psd_add_mpi_test(c_api_errors_test NP 1 2 TIMEOUT 120 LABELS bindings)
 
+# The C API over the engine across ranks: a submission refused on one rank fails every rank
+# within seconds, huge psdWait timeouts wait for ever, a re-plan leaves no sticky error.
+add_executable(c_api_engine_test bindings/c_api_engine_test.cc)
+target_link_libraries(c_api_engine_test PRIVATE poseidon GTest::gtest)
+psd_add_mpi_test(c_api_engine_test NP 1 2 3 TIMEOUT 120 LABELS bindings)
+
 # Only psd* symbols leave libposeidon.so.
 add_test(NAME c_api_exports
   COMMAND ${CMAKE_COMMAND} -DLIB=$<TARGET_FILE:poseidon>

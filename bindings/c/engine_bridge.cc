@@ -4,12 +4,23 @@
 //   psdSubmit    -> checks the arguments, counts the layer's step, Engine::Submit -> a psdHandle_t
 //                   (a registry number mapped to the engine's Handle)
 //   psdWait      -> Handle::Wait(timeout) ; psdTest -> Handle::Test / status
+//   a submission refused before Engine::Submit -> Engine::ReportError, so every rank fails
 //   failures of submitted exchanges set the communicator's sticky asynchronous error (through
-//   the completion callback), except the aborts our own Stop causes (a re-plan or a destroy).
+//   the completion callback); a clean stop never does, whichever rank started it (below).
+//
+// Clean stops. A re-plan or a destroy stops the engine with Engine::Shutdown, which is
+// collective: the first rank to get there makes every engine fail what is pending with kAborted
+// ("shut down on some rank") and stop, before the other ranks have called Stop themselves. On
+// those ranks that abort is not a failure either, but a kAborted status alone cannot tell it from
+// a real abort (an aborted NCCL communicator), so aborts never set the sticky error through the
+// callback; the engine tells them apart once its thread has stopped (Shutdown returns OK after a
+// clean shutdown, the failure otherwise), and Health / Stop ask it then.
 #include "bindings/c/engine_bridge.h"
 
 #include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -37,30 +48,41 @@ class EngineBridgeImpl : public EngineBridge {
 
   Status Stop() override {
     stopping_.store(true);
+    // OK after a clean shutdown (ours, or a peer's that stopped this engine first).
     Status s = engine_->Shutdown();
-    // A clean shutdown reports kAborted ("engine was shut down"); only real failures count.
-    if (s.code() == StatusCode::kAborted) return Status::Ok();
     state_->SetAsyncError(s);
     return s;
   }
 
-  Status Health() const override {
+  Status Health() override {
     if (stopping_.load()) return Status::Ok();
-    return engine_->status();
+    Status s = engine_->status();
+    if (s.code() != StatusCode::kAborted) return s;
+    // A clean shutdown started by a peer, or a real abort (see the top of the file). The engine
+    // thread stops right after failing; once it has, Shutdown is local (no round with the
+    // peers) and tells which. Wait for that a few milliseconds at most, never for a peer.
+    for (int i = 0; i < 20 && engine_->running(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (engine_->running()) return Status::Ok();  // not decided yet: asked again next time
+    return engine_->Shutdown();
   }
+
+  void ReportError(const Status& error) override { engine_->ReportError(error); }
 
   Result<HandlePtr> Submit(int layer, const Gradient& g) {
     int64_t step = steps_[static_cast<size_t>(layer)]++;
     CommState* state = state_;
     const std::atomic<bool>* stopping = &stopping_;
     // The callback runs on the engine thread; the CommState outlives the engine (Stop runs
-    // before the state is freed), so the raw pointer is safe.
+    // before the state is freed), so the raw pointer is safe. Aborts are left to Health / Stop,
+    // which tell a clean shutdown on some rank from a failure.
     return engine_->Submit(layer, g, step, [state, stopping](const Status& s) {
-      if (!s.ok() && !stopping->load()) state->SetAsyncError(s);
+      if (!s.ok() && s.code() != StatusCode::kAborted && !stopping->load()) {
+        state->SetAsyncError(s);
+      }
     });
   }
-
-  Engine& engine() { return *engine_; }
 
  private:
   CommState* state_;
@@ -144,6 +166,15 @@ psdResult_t WithHandle(const char* call, psdHandle_t handle,
 }
 
 }  // namespace
+
+psdResult_t FailSubmit(psdComm_t handle, const std::string& message) {
+  return WithComm("psdSubmit", handle, [&](CommState& s) -> Status {
+    Status bad = InvalidArgument(message);
+    if (s.engine) s.engine->ReportError(bad.WithPrefix("psdSubmit: "));
+    return bad;
+  });
+}
+
 }  // namespace poseidon::capi
 
 using namespace poseidon;  // NOLINT
@@ -154,16 +185,15 @@ psdResult_t psdSubmit(psdComm_t comm, int layer_id, float* grad, float* params, 
                       const float* v, size_t batch, psdHandle_t* handle) {
   if (handle != nullptr) *handle = nullptr;
   return capi::WithComm("psdSubmit", comm, [&](capi::CommState& s) -> Status {
-    PSD_REQUIRE_ARG(handle != nullptr, "handle is NULL; expected a psdHandle_t*");
-    Status bad = capi::CheckSubmit(s, layer_id, grad, params, u, v, batch);
-    auto* bridge = static_cast<capi::EngineBridgeImpl*>(s.engine.get());
+    Status bad = handle == nullptr ? InvalidArgument("handle is NULL; expected a psdHandle_t*")
+                                   : capi::CheckSubmit(s, layer_id, grad, params, u, v, batch);
     if (!bad.ok()) {
-      // The other ranks would wait for this submission: hand the engine an invalid one (no
-      // buffer), which it fails everywhere at once instead of letting them stall.
-      if (bridge != nullptr && layer_id >= 0 && static_cast<size_t>(layer_id) < s.layers.size())
-        (void)bridge->engine().Submit(layer_id, Gradient{}, -1);
+      // The other ranks would wait for this submission until the stall abort: fail the engine
+      // on every rank at once instead, the message naming this rank and the cause.
+      if (s.engine) s.engine->ReportError(bad.WithPrefix("psdSubmit: "));
       return bad;
     }
+    auto* bridge = static_cast<capi::EngineBridgeImpl*>(s.engine.get());
     const LayerSpec& layer = s.layers[static_cast<size_t>(layer_id)];
     Gradient g;
     g.data = grad;
@@ -194,8 +224,9 @@ psdResult_t psdWait(psdHandle_t handle, long long timeout_ms) {
       }
       return h.handle->status();
     }
-    double timeout_s = timeout_ms < 0 ? -1.0 : static_cast<double>(timeout_ms) / 1000.0;
-    return h.handle->Wait(timeout_s);
+    // LLONG_MAX ms as a clock duration overflows and would time out at once: a timeout that
+    // large means "for ever".
+    return h.handle->Wait(capi::WaitSeconds(timeout_ms));
   });
 }
 

@@ -20,8 +20,23 @@ class EngineBridge {
   // Drains or fails what is pending and stops the engine thread; the hybrid collective is the
   // communicator's again afterwards.
   virtual Status Stop() = 0;
-  // The engine's sticky failure (OK while healthy or after our own clean Stop).
-  virtual Status Health() const = 0;
+  // The engine's sticky failure: OK while healthy and after a clean stop, whether our own Stop
+  // or a peer's (its re-plan or destroy reaches this engine as a shutdown); the failure
+  // otherwise. Local.
+  virtual Status Health() = 0;
+  // A local error found before the engine saw the call (an argument the C layer or a binding
+  // refused): fails the engine on every rank within a cycle, the message naming this rank,
+  // instead of leaving the peers waiting for a submission that never comes.
+  virtual void ReportError(const Status& error) = 0;
 };
+
+// A timeout in milliseconds for Handle::Wait in seconds: negative, or beyond kWaitForeverMs
+// (10^7 s: a duration that large overflows the clock's arithmetic and would time out at once),
+// waits for ever (-1).
+inline constexpr long long kWaitForeverMs = 10'000'000'000LL;
+inline double WaitSeconds(long long timeout_ms) {
+  if (timeout_ms < 0 || timeout_ms > kWaitForeverMs) return -1.0;
+  return static_cast<double>(timeout_ms) / 1000.0;
+}
 
 }  // namespace poseidon::capi

@@ -246,8 +246,8 @@ Status DestroyState(CommState& s) {
 
 }  // namespace
 
-psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call,
-                                   const char* backend_call, const std::string& message) {
+psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call, const char* backend_call,
+                                   const std::string& message) {
   return WithComm(c_call, handle, [&](CommState& s) -> Status {
     return FailCollectiveTogether(s, backend_call, InvalidArgument(message));
   });
@@ -279,6 +279,8 @@ const char* psdGetErrorString(psdResult_t result) {
       return "internal error";
     case psdUnimplemented:
       return "not implemented";
+    case psdPeerLost:
+      return "a peer stopped answering (frozen, dead or cut off); the job is ending";
     case psdNumResults:
       break;
   }

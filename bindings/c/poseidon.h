@@ -70,8 +70,11 @@ typedef enum {
   psdAborted = 5,         /* the communicator failed earlier (sticky) or was shut down */
   psdUnavailable = 6,     /* not built in or not present here (no GPU, no engine, ...) */
   psdInternalError = 7,   /* a broken invariant inside Poseidon */
-  psdUnimplemented = 8,
-  psdNumResults = 9
+  psdUnimplemented = 8,   /* the operation is not supported (yet) for these arguments */
+  psdPeerLost = 9,        /* a peer stopped answering heartbeats for POSEIDON_PEER_TIMEOUT_S
+                             (frozen, dead or cut off; the message names its rank and host); the
+                             job is ending */
+  psdNumResults = 10
 } psdResult_t;
 
 /* Element types; numbered like poseidon::DType. */
@@ -196,7 +199,9 @@ PSD_API psdResult_t psdCommLocalSize(psdComm_t comm, int* local_size);
 /* The sticky asynchronous error: psdSuccess until a submitted exchange or the engine fails (on
  * this rank or because another rank failed it, e.g. with a refused submission),
  * then that failure's code for the rest of the communicator's life (the message is in
- * psdGetLastError(comm)). Local, never blocks. */
+ * psdGetLastError(comm)). A clean stop of the engine is not a failure: a re-plan or a destroy,
+ * on this rank or on a peer that got there first, never sets it. Local: never waits for another
+ * rank or call (at most a few milliseconds while a failed engine stops). */
 PSD_API psdResult_t psdCommGetAsyncError(psdComm_t comm, psdResult_t* async_error);
 
 /* ---- settings -------------------------------------------------------------------------- */
@@ -283,16 +288,18 @@ PSD_API psdResult_t psdPrintPlan(psdComm_t comm, FILE* stream);
  *   u, v    sufficient factors of a fully connected layer: batch x M and batch x N, row-major
  *           (NULL for other layers, or to send the dense gradient).
  * All buffers are borrowed until the handle completes; do not touch them before.
- * A submission refused here (psdInvalidArgument: bad layer, missing buffer or factors, no
- * current plan) also fails the engine on every rank, since the other ranks would wait for it:
- * their pending and later handles fail and psdCommGetAsyncError reports it; psdBuildPlan
- * starts a fresh engine. */
+ * A submission refused here (psdInvalidArgument: a NULL handle pointer, a bad layer, a missing
+ * buffer or factors, layers registered after the plan) also fails the engine on every rank
+ * within a cycle, since the other ranks would wait for it: their pending and later handles fail
+ * with a message naming this rank, and psdCommGetAsyncError reports it; psdBuildPlan starts a
+ * fresh engine. (With no plan at all there is no engine to fail.) */
 PSD_API psdResult_t psdSubmit(psdComm_t comm, int layer_id, float* grad, float* params,
                               const float* u, const float* v, size_t batch,
                               psdHandle_t* handle);
 
-/* Waits for the exchange: timeout_ms < 0 waits for ever, 0 only checks. Returns psdSuccess
- * when it completed, psdTimeout when it did not finish in time (the handle stays valid), or the
+/* Waits for the exchange: timeout_ms < 0 waits for ever, 0 only checks; a timeout beyond
+ * 10^10 ms (about 116 days, e.g. LLONG_MAX) also waits for ever. Returns psdSuccess when it
+ * completed, psdTimeout when it did not finish in time (the handle stays valid), or the
  * exchange's own error. Any thread; a completed handle returns the same result again. */
 PSD_API psdResult_t psdWait(psdHandle_t handle, long long timeout_ms);
 

@@ -51,6 +51,8 @@ psdResult_t ToResult(StatusCode code) {
       return psdInternalError;
     case StatusCode::kUnimplemented:
       return psdUnimplemented;
+    case StatusCode::kPeerLost:
+      return psdPeerLost;
   }
   return psdInternalError;
 }
@@ -73,6 +75,8 @@ StatusCode ToStatusCode(psdResult_t result) {
       return StatusCode::kUnavailable;
     case psdUnimplemented:
       return StatusCode::kUnimplemented;
+    case psdPeerLost:
+      return StatusCode::kPeerLost;
     default:
       return StatusCode::kInternal;
   }

@@ -106,7 +106,13 @@ psdResult_t WithComm(const char* call, psdComm_t handle,
 // blocking collective (e.g. two arrays of different sizes) joins the peers' argument agreement
 // in the backend call `backend_call` ("AllReduce", ...), so the peers fail with a message naming
 // this rank instead of waiting. Returns psdInvalidArgument with `message` recorded.
-psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call,
-                                   const char* backend_call, const std::string& message);
+psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call, const char* backend_call,
+                                   const std::string& message);
+
+// The same for psdSubmit (engine_bridge.cc): an argument error found before psdSubmit (e.g. an
+// array of the wrong dtype) fails the communicator's engine on every rank, the message naming
+// this rank, so the peers do not wait for this submission. Returns psdInvalidArgument with
+// "psdSubmit: <message>" recorded.
+psdResult_t FailSubmit(psdComm_t handle, const std::string& message);
 
 }  // namespace poseidon::capi

@@ -10,11 +10,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "bindings/c/engine_bridge.h"
 #include "bindings/c/poseidon.h"
 #include "bindings/c/registry.h"
 
@@ -168,15 +170,47 @@ psdLayerKind_t ParseKind(const std::string& s) {
   BadArg("layer kind '" + s + "' is unknown; expected dense, fc or sparse");
 }
 
+// Handle.wait's timeout as psdWait's milliseconds: None, a negative number, an infinity or
+// anything beyond 10^10 ms (psdWait's own limit; a Python int may not even fit a long long)
+// waits for ever (-1); a fraction of a millisecond rounds up (0 alone only checks). NaN and
+// non-numbers are refused.
+long long TimeoutMs(py::handle t) {
+  constexpr long long kForever = -1;
+  if (t.is_none()) return kForever;
+  if (PyIndex_Check(t.ptr())) {  // int, bool, numpy integers
+    py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(t.ptr()));
+    if (!index) throw py::error_already_set();
+    int overflow = 0;
+    long long ms = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (overflow != 0) return kForever;
+    if (ms == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return ms < 0 || ms > poseidon::capi::kWaitForeverMs ? kForever : ms;
+  }
+  double ms = PyFloat_AsDouble(t.ptr());  // float, numpy floats, anything with __float__
+  if (ms == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    BadArg("Handle.wait: timeout_ms is a " + py::str(py::type::of(t)).cast<std::string>() +
+           "; expected a number of milliseconds, or None to wait for ever");
+  }
+  if (std::isnan(ms)) {
+    BadArg(
+        "Handle.wait: timeout_ms is nan; expected a number of milliseconds (negative, inf or "
+        "None: for ever)");
+  }
+  if (ms < 0 || ms > static_cast<double>(poseidon::capi::kWaitForeverMs)) return kForever;
+  return static_cast<long long>(std::ceil(ms));
+}
+
 class Handle {
  public:
   Handle(psdHandle_t h, std::vector<py::object> keep) : h_(h), keep_(std::move(keep)) {}
   ~Handle() {
     if (h_ != nullptr) psdHandleFree(h_);
   }
-  // True when complete; raises the exchange's error. timeout_ms < 0 waits for ever.
-  bool Wait(long long timeout_ms) {
+  // True when complete; raises the exchange's error. See TimeoutMs for the timeout.
+  bool Wait(py::handle timeout) {
     Live("wait");
+    const long long timeout_ms = TimeoutMs(timeout);
     psdResult_t r;
     {
       py::gil_scoped_release release;
@@ -374,6 +408,9 @@ class Comm {
   std::unique_ptr<Handle> Submit(int layer, py::handle grad, py::handle params, py::handle u,
                                  py::handle v) {
     std::vector<py::object> keep;
+    float *g = nullptr, *p = nullptr;
+    const float *uu = nullptr, *vv = nullptr;
+    size_t batch = 0;
     auto f32 = [&](py::handle obj, const char* what, bool writable) -> float* {
       if (obj.is_none()) return nullptr;
       View view = ToView(obj, what, writable);
@@ -386,20 +423,21 @@ class Comm {
       keep.push_back(py::reinterpret_borrow<py::object>(obj));
       return static_cast<float*>(view.data);
     };
-    float* g = f32(grad, "submit: grad", true);
-    float* p = f32(params, "submit: params", true);
-    const float* uu = f32(u, "submit: u", false);
-    const float* vv = f32(v, "submit: v", false);
-    size_t batch = 0;
-    if (uu != nullptr) {
-      View uv = ToView(u, "submit: u", false);
-      if (uv.shape.size() != 2) BadArg("submit: u must be 2-D (batch x M)");
-      batch = uv.shape[0];
-      View vv2 = ToView(v, "submit: v", false);
-      if (vv2.shape.size() != 2 || vv2.shape[0] != batch) {
-        BadArg("submit: v must be 2-D with as many rows as u (" + std::to_string(batch) + ")");
+    SubmitChecks([&] {
+      g = f32(grad, "submit: grad", true);
+      p = f32(params, "submit: params", true);
+      uu = f32(u, "submit: u", false);
+      vv = f32(v, "submit: v", false);
+      if (uu != nullptr) {
+        View uv = ToView(u, "submit: u", false);
+        if (uv.shape.size() != 2) BadArg("submit: u must be 2-D (batch x M)");
+        batch = uv.shape[0];
+        View vv2 = ToView(v, "submit: v", false);
+        if (vv2.shape.size() != 2 || vv2.shape[0] != batch) {
+          BadArg("submit: v must be 2-D with as many rows as u (" + std::to_string(batch) + ")");
+        }
       }
-    }
+    });
     psdHandle_t h = nullptr;
     psdResult_t r;
     {
@@ -433,6 +471,27 @@ class Comm {
       }
       throw;
     }
+  }
+  // Runs Comm.submit's array checks; when one fails on this rank, the engine fails on every
+  // rank (the peers would wait for this submission until the stall abort), then the error is
+  // raised here.
+  template <typename F>
+  void SubmitChecks(F&& checks) {
+    try {
+      checks();
+    } catch (py::error_already_set& e) {
+      ReportSubmitError(py::str(e.value()).cast<std::string>());
+      throw;
+    } catch (const std::exception& e) {  // e.g. a pybind11 cast error on an odd tensor
+      ReportSubmitError(e.what());
+      throw;
+    }
+  }
+  void ReportSubmitError(const std::string& message) {
+    if (c_ == nullptr) return;  // destroyed: no engine to tell
+    psdComm_t c = c_;
+    py::gil_scoped_release release;
+    (void)poseidon::capi::FailSubmit(c, message);
   }
   template <typename F>
   void Blocking(F&& f) {
@@ -469,6 +528,7 @@ PYBIND11_MODULE(_poseidon, m) {
       {psdUnavailable, "UnavailableError", nullptr},
       {psdInternalError, "InternalError", nullptr},
       {psdUnimplemented, "UnimplementedError", PyExc_NotImplementedError},
+      {psdPeerLost, "PeerLostError", nullptr},
   };
   for (const Sub& s : subs) {
     PyObject* bases = s.extra ? PyTuple_Pack(2, base, s.extra) : PyTuple_Pack(1, base);
@@ -476,8 +536,18 @@ PYBIND11_MODULE(_poseidon, m) {
     PyObject* cls = PyErr_NewException(qual.c_str(), bases, nullptr);
     Py_DECREF(bases);
     g_errors[s.code] = cls;
+    // The psdResult_t it stands for, e.g. PeerLostError.code == 9.
+    if (PyObject_SetAttrString(cls, "code", py::int_(static_cast<int>(s.code)).ptr()) != 0) {
+      throw py::error_already_set();
+    }
     m.attr(s.name) = py::handle(cls);
   }
+  // The class Raise uses for a result code (tests check the table).
+  m.def("_error_class", [](int code) {
+    PyObject* type =
+        (code > 0 && code < psdNumResults && g_errors[code]) ? g_errors[code] : g_errors[0];
+    return py::reinterpret_borrow<py::object>(type);
+  });
 
   m.def(
       "init", [] { Check(psdInit()); }, "Initializes MPI (MPI_THREAD_MULTIPLE) unless it is.");
@@ -507,9 +577,9 @@ PYBIND11_MODULE(_poseidon, m) {
   });
 
   py::class_<Handle>(m, "Handle")
-      .def("wait", &Handle::Wait, py::arg("timeout_ms") = -1,
-           "Waits (timeout_ms < 0: for ever); True when done, False on timeout; raises the "
-           "exchange's error.")
+      .def("wait", &Handle::Wait, py::arg("timeout_ms") = py::none(),
+           "Waits up to timeout_ms milliseconds (None, < 0, inf or beyond 1e10: for ever; 0 only "
+           "checks); True when done, False on timeout; raises the exchange's error.")
       .def("test", &Handle::Test, "True when done (never blocks); raises the exchange's error.")
       .def("free", &Handle::Free);
 

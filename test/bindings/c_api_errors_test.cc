@@ -34,6 +34,17 @@ TEST(CApiStatic, ErrorStringsCoverEveryCode) {
   EXPECT_STREQ(psdGetErrorString(static_cast<psdResult_t>(-3)), "unknown result code");
   EXPECT_EQ(psdInvalidArgument, 1);
   EXPECT_EQ(psdInternalError, 7);
+  EXPECT_STREQ(psdGetErrorString(psdNumResults), "unknown result code");
+}
+
+TEST(CApiStatic, PeerLostHasItsCodeAndString) {
+  // Numbered like poseidon::StatusCode::kPeerLost; never renumbered.
+  EXPECT_EQ(psdPeerLost, 9);
+  EXPECT_EQ(psdNumResults, 10);
+  std::string s = psdGetErrorString(psdPeerLost);
+  EXPECT_NE(s.find("peer stopped answering"), std::string::npos) << s;
+  EXPECT_NE(s, psdGetErrorString(psdTimeout));
+  EXPECT_NE(s, psdGetErrorString(psdAborted));
 }
 
 TEST(CApiStatic, VersionMatchesHeader) {
@@ -191,8 +202,8 @@ TEST_F(CApi, ArgumentErrorOnOneRankFailsEveryRank) {
       psdAllReduce(comm_, x, me ? nullptr : y, 4, psdFloat32, psdMemHost, nullptr),
       "recv is NULL for 4 elements");
   expect_every_rank_fails(
-      psdReduceScatter(comm_, x, y, 1, me ? static_cast<psdDataType_t>(9) : psdFloat32,
-                       psdMemHost, nullptr),
+      psdReduceScatter(comm_, x, y, 1, me ? static_cast<psdDataType_t>(9) : psdFloat32, psdMemHost,
+                       nullptr),
       "dtype 9 is unknown");
   expect_every_rank_fails(
       psdAllGather(comm_, me ? nullptr : x, y, 1, psdFloat32, psdMemHost, nullptr),

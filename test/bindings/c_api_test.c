@@ -4,6 +4,7 @@
  * small integers f(i), so every sum is exact and compares with ==. Each check counts; a failure
  * prints the rank, the line and the library's message, and the run's exit code is the maximum
  * over ranks. */
+#include <limits.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,6 +41,8 @@ static void TestVersionAndStrings(void) {
   CHECK(strstr(psdGetLastError(NULL), "psdGetVersion") != NULL);
   CHECK(strcmp(psdGetErrorString(psdSuccess), "success") == 0);
   CHECK(strcmp(psdGetErrorString(psdTimeout), "timed out") == 0);
+  CHECK(psdPeerLost == 9 && psdNumResults == 10);
+  CHECK(strstr(psdGetErrorString(psdPeerLost), "peer stopped answering") != NULL);
   CHECK(strcmp(psdGetErrorString((psdResult_t)1234), "unknown result code") == 0);
 }
 
@@ -225,12 +228,13 @@ static void TestExchange(int size) {
     psdHandle_t h1 = NULL, h2 = NULL;
     CHECK_OK(psdSubmit(comm, fc, fcg, NULL, u, v, batch, &h2));
     CHECK_OK(psdSubmit(comm, dense, g, NULL, NULL, NULL, 0, &h1));
-    CHECK_OK(psdWait(h1, -1));
+    CHECK_OK(psdWait(h1, step == 0 ? -1 : LLONG_MAX)); /* LLONG_MAX: for ever as well */
     int done = 0;
     CHECK_OK(psdWait(h2, 60000));
     CHECK_OK(psdTest(h2, &done));
     CHECK(done == 1);
     CHECK_OK(psdWait(h2, 0)); /* a completed handle keeps its result */
+    CHECK_OK(psdWait(h2, LLONG_MAX)); /* too large for a clock duration: for ever, not a timeout */
     int bad = 0;
     for (size_t i = 0; i < 1000; ++i) {
       if (g[i] != (float)((size + 1) / 2.0 * F(i))) ++bad;

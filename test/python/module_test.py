@@ -2,6 +2,7 @@
 (rank r contributes (r + 1) * f(i)), zero-copy in-place updates, submit/wait through the engine,
 and the errors raised for bad arrays and arguments."""
 import sys
+import time
 
 import numpy as np
 
@@ -80,6 +81,53 @@ for step in range(3):
     check(torch.equal(gt, torch.full((6, 5), 3 * (p + 1) / 2)), "sfb average")
 check(comm.async_error() == "", "no async error")
 
+# Result codes: one class each, a poseidon.Error, carrying its psdResult_t.
+codes = {"InvalidArgumentError": 1, "MismatchError": 2, "BackendError": 3, "TimeoutError": 4,
+         "AbortedError": 5, "UnavailableError": 6, "InternalError": 7, "UnimplementedError": 8,
+         "PeerLostError": 9}
+for name, code in codes.items():
+    cls = getattr(poseidon, name)
+    check(issubclass(cls, poseidon.Error) and cls.code == code, "%s.code == %d" % (name, code))
+    check(poseidon._ext._error_class(code) is cls, "code %d raises %s" % (code, name))
+check(poseidon._ext._error_class(10) is poseidon.Error, "unknown code raises Error")
+
+
+def dense_step(timeout, pending):
+    """One exchange of the dense layer waited with `timeout`; with `pending`, rank 0 waits while
+    the other ranks are 0.3 s from submitting (its handle is pending when the wait starts)."""
+    if pending and r != 0:
+        time.sleep(0.3)
+    g = ((r + 1) * f[:1000]).astype(np.float32)
+    h = comm.submit(dense, g)
+    t0 = time.monotonic()
+    check(h.wait(timeout) is True, "wait(%r) completes" % (timeout,))
+    if pending and r == 0 and p > 1:
+        check(time.monotonic() - t0 > 0.1, "wait(%r) waited for the pending handle" % (timeout,))
+    check(np.array_equal(g, ((p + 1) / 2 * f[:1000]).astype(np.float32)),
+          "dense average after wait(%r)" % (timeout,))
+    check(h.wait(timeout) is True, "completed wait(%r)" % (timeout,))
+    return h
+
+
+# Timeouts too large for a clock duration wait for ever (they used to time out at once).
+for timeout in (float("inf"), 1e13, 10**30, 2**63 - 1, 10**10 + 1, None, -1, -float("inf")):
+    dense_step(timeout, pending=True).free()
+h = dense_step(60000, pending=False)
+expect_error(poseidon.InvalidArgumentError, lambda: h.wait(float("nan")), "timeout_ms is nan")
+expect_error(poseidon.InvalidArgumentError, lambda: h.wait("soon"), "timeout_ms is a")
+h.free()
+
+# A re-plan, the ranks arriving one after the other: the first one's engine shutdown stops the
+# others' engines while they poll async_error; that clean stop is no asynchronous error.
+for first in range(min(p, 2)):
+    if r != first:
+        for _ in range(30):
+            check(comm.async_error() == "", "no async error while a peer re-plans")
+            time.sleep(0.01)
+    comm.build_plan(3)
+    dense_step(-1, pending=False).free()
+    check(comm.async_error() == "", "no async error after a re-plan")
+
 # Errors: bad arrays are refused before anything moves (the same on every rank).
 x = np.zeros(4, np.float32)
 expect_error(poseidon.InvalidArgumentError, lambda: comm.allreduce(x[::2], x[:2]),
@@ -116,6 +164,29 @@ expect_error(poseidon.InvalidArgumentError,
 expect_error(poseidon.InvalidArgumentError, lambda: comm.register_layer("x", [4], kind="conv"),
              "layer kind 'conv' is unknown")
 expect_error(poseidon.InvalidArgumentError, lambda: poseidon.set_setting("NOPE", "1"), "NOPE")
+# A submission the module refuses on one rank (a float64 gradient) fails the engine on every
+# rank within seconds, not at the stall abort; the peers' message names that rank.
+c3 = poseidon.Comm()
+c3.register_layer("d", [16], strategy="allreduce")
+c3.build_plan(1)
+bad = p - 1
+t0 = time.monotonic()
+if r == bad:
+    expect_error(poseidon.InvalidArgumentError, lambda: c3.submit(0, np.zeros(16, np.float64)),
+                 "expected float32 elements")
+else:
+    h3 = c3.submit(0, np.ones(16, np.float32))
+    expect_error(poseidon.InvalidArgumentError, lambda: h3.wait(30000), "rank %d" % bad)
+    h3.free()
+msg = c3.async_error()
+while msg == "" and time.monotonic() - t0 < 10:
+    time.sleep(0.01)
+    msg = c3.async_error()
+check("rank %d" % bad in msg and "expected float32 elements" in msg,
+      "async error %r names rank %d and the cause" % (msg, bad))
+check(time.monotonic() - t0 < 10, "one rank's refused submit failed every rank fast")
+c3.destroy()
+
 c2 = poseidon.Comm()
 c2.destroy()
 expect_error(poseidon.InvalidArgumentError, lambda: c2.barrier(), "destroyed")

@@ -12,7 +12,10 @@ without copies.
 
 PyTorch (Horovod's API): ``import poseidon.torch as hvd``.
 Errors raise poseidon.Error subclasses (InvalidArgumentError is also a ValueError,
-TimeoutError also the built-in TimeoutError) carrying the library's message.
+TimeoutError also the built-in TimeoutError) carrying the library's message; each class's
+``code`` is its psdResult_t. PeerLostError: a peer stopped answering for
+POSEIDON_PEER_TIMEOUT_S (frozen, dead or cut off; the message names its rank and host) and the
+job is ending.
 """
 import atexit as _atexit
 
@@ -32,6 +35,7 @@ AbortedError = _ext.AbortedError
 UnavailableError = _ext.UnavailableError
 InternalError = _ext.InternalError
 UnimplementedError = _ext.UnimplementedError
+PeerLostError = _ext.PeerLostError
 set_setting = _ext.set_setting
 get_setting = _ext.get_setting
 
