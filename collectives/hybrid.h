@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -40,6 +41,51 @@
 #include "runtime/communicator.h"
 
 namespace poseidon {
+
+// One piece of a dense layer's sum (a layer planned allreduce, float32, no factors): elements
+// [begin, end) of the layer's gradient. `last` when the piece reaches the layer's end: the
+// layer's tail (the 1/P average or the optimizer step, and its traffic) runs after it.
+struct DensePart {
+  int layer = 0;
+  int64_t step = 0;
+  float* grad = nullptr;    // the whole layer's gradient (the piece starts at grad + begin)
+  float* params = nullptr;  // the layer's parameters (layers with an optimizer)
+  size_t begin = 0, end = 0;
+  bool last = true;
+  // Sum only, no tail: this rank failed an earlier piece of the layer locally but still takes
+  // part in the collective, which the peers are in.
+  bool sum_only = false;
+};
+
+// How a batch of dense parts is summed:
+//  kFused    packed into the collective's fusion buffer, one allreduce, unpacked; the only kind
+//            that carries a trailer (see DenseBatch);
+//  kInPlace  one part, summed in place;
+//  kChunked  one part, cut into chunk_bytes pieces pipelined with non-blocking allreduces
+//            (host memory): piece i+1 is in flight while piece i is averaged.
+enum class DenseBatchKind { kFused, kInPlace, kChunked };
+
+struct DenseBatch {
+  DenseBatchKind kind = DenseBatchKind::kFused;
+  std::vector<DensePart> parts;
+  size_t chunk_bytes = 0;  // kChunked
+  // kFused: zeros summed after the parts, so a rank without (all of) the data still makes the
+  // collective its peers make (a cached round it cannot take part in with data).
+  size_t pad = 0;
+  // kFused: floats summed in the same allreduce, after the parts (the engine's control words in
+  // a cached round). With a trailer, `commit` sees the summed trailer and decides whether the
+  // parts take the result (true) or keep their input untouched (false: nothing is unpacked).
+  std::vector<float> trailer;
+  std::function<bool(const float* trailer_sum)> commit;
+};
+
+struct DenseBatchReport {
+  std::vector<Status> status;  // per part: the sum's status, then the tail's
+  bool committed = true;       // false when `commit` declined (every part keeps its input)
+  std::vector<float> trailer_sum;
+  int chunks = 0;                                 // kChunked: allreduces run
+  double pack_us = 0, reduce_us = 0, finish_us = 0;  // wall times of the three phases
+};
 
 // Traffic counters (wire bytes per rank, see cost_model.h).
 struct Traffic {
@@ -80,6 +126,18 @@ class HybridCollective {
   // Exchanges one layer with its planned strategy (see ExchangeBuffers for the buffers).
   Status Exchange(int id, const ExchangeBuffers& buffers, int64_t step);
 
+  // Sums a batch of dense layer parts over ranks in one collective (fused), in place, or as a
+  // chunk pipeline, then runs each finished layer's tail: bitwise what Exchange gives for each
+  // layer alone, however the layers are fused, sliced or chunked. Collective: every rank passes
+  // the same kind and the same part sizes (the engine agreed on them, so the backend's argument
+  // agreement is skipped). A failure of the collective fails every part; a tail failure only its
+  // part. The engine's entry point; local errors of one rank are reported per part, and the
+  // rank still takes part in the collective, so the peers are never left waiting.
+  DenseBatchReport ExchangeDense(const DenseBatch& batch);
+  // Allocates the fusion buffer ExchangeDense packs into (at least `bytes`), so no allocation
+  // can fail on one rank mid-run. Local.
+  Status ReserveFusion(size_t bytes);
+
   // For the engine, which sums dense allreduce layers itself (fusion buffer, chunks): buffers.grad
   // holds the sum over ranks of layer `id` (planned allreduce); applies the 1/P average or,
   // with an optimizer, the step on buffers.params with the average fused in: bitwise what
@@ -92,6 +150,9 @@ class HybridCollective {
   // The stream the strategies' kernels and device collectives are ordered on (device memory;
   // null: the default stream). The engine sets its own; set it only while no exchange runs.
   void set_stream(void* stream) { ctx_.call.stream = stream; }
+  // Polled by every wait of every collective the strategies run (the engine's liveness, so a
+  // lost peer ends a strategy's exchange instead of hanging it). Set only while no exchange runs.
+  void set_interrupt(const Interrupt* interrupt) { ctx_.call.interrupt = interrupt; }
   void* stream() const { return ctx_.call.stream; }
   MemoryKind memory() const { return ctx_.call.memory; }
   const Kernels& kernels() const { return *ctx_.kernels; }
@@ -129,6 +190,7 @@ class HybridCollective {
   CostModel model_;
   std::optional<Plan> plan_;
   Traffic total_;
+  std::unique_ptr<KernelBuffer> fusion_buf_;  // ExchangeDense's packing buffer
 };
 
 }  // namespace poseidon

@@ -27,33 +27,31 @@ uint64_t Descriptor::Hash() const {
 
 void Descriptor::ToWords(int64_t* w) const {
   w[0] = layer;
-  w[1] = seq;
-  w[2] = step;
-  w[3] = count;
-  w[4] = dtype;
-  w[5] = strategy;
-  w[6] = factors;
+  w[1] = step;
+  w[2] = count;
+  w[3] = dtype;
+  w[4] = strategy;
+  w[5] = factors;
 }
 
 Descriptor Descriptor::FromWords(const int64_t* w) {
   Descriptor d;
   d.layer = w[0];
-  d.seq = w[1];
-  d.step = w[2];
-  d.count = w[3];
-  d.dtype = w[4];
-  d.strategy = w[5];
-  d.factors = w[6];
+  d.step = w[1];
+  d.count = w[2];
+  d.dtype = w[3];
+  d.strategy = w[4];
+  d.factors = w[5];
   return d;
 }
 
 bool Descriptor::operator==(const Descriptor& o) const {
-  return layer == o.layer && seq == o.seq && step == o.step && count == o.count &&
+  return layer == o.layer && step == o.step && count == o.count &&
          dtype == o.dtype && strategy == o.strategy && factors == o.factors;
 }
 
 std::string Descriptor::ToString() const {
-  return StrCat("#", seq, " step ", step, " count ", count, " ",
+  return StrCat("step ", step, " count ", count, " ",
                 DTypeName(static_cast<DType>(dtype)), " ",
                 (strategy >= 0 && strategy < kNumStrategies)
                     ? StrategyName(static_cast<StrategyKind>(strategy))
@@ -130,10 +128,6 @@ std::string DifferingFields(const std::vector<Descriptor>& d) {
   if (differs([](const Descriptor& x) { return x.strategy; })) fields.push_back("strategy");
   if (differs([](const Descriptor& x) { return x.step; })) fields.push_back("step");
   if (differs([](const Descriptor& x) { return x.factors; })) fields.push_back("factors");
-  if (differs([](const Descriptor& x) { return x.seq; })) {
-    fields.push_back("sequence number (a rank skipped a layer or submitted layers in a "
-                     "different order)");
-  }
   std::string out;
   for (size_t i = 0; i < fields.size(); ++i) out += (i ? ", " : "") + fields[i];
   return out.empty() ? "descriptor" : out;

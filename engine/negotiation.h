@@ -6,8 +6,8 @@
 //   2. its complement  ~mask, so that OR(~mask) = ~AND(mask): one bitwise-OR reduction yields
 //                      both the layers ready somewhere (OR) and ready everywhere (AND);
 //   3. flags           error, stall warn, stall abort, shutdown (any rank sets, all see);
-//   4. per layer       the hash of the waiting submission's descriptor (sequence number, layer,
-//                      count, dtype, strategy, step) and its complement, or 0 / 0 when the
+//   4. per layer       the hash of the waiting submission's descriptor (layer, step, count,
+//                      dtype, strategy, factors; no submission order: layers are matched by id) and its complement, or 0 / 0 when the
 //                      layer is not ready here. For a layer ready everywhere all ranks hashed a
 //                      descriptor, so OR(h) == ~OR(~h) = AND(h) holds exactly when every rank's
 //                      hash is equal. This is the "MAX of the value and of its negation" test
@@ -29,21 +29,20 @@ namespace poseidon::engine {
 // What every rank must agree on for one submission.
 struct Descriptor {
   int64_t layer = 0;
-  int64_t seq = 0;       // this rank's submission counter (0, 1, 2, ...)
   int64_t step = 0;      // the caller's step
   int64_t count = 0;     // elements the caller said the gradient holds
   int64_t dtype = 0;     // DType as int
   int64_t strategy = 0;  // StrategyKind as int (from the plan)
   int64_t factors = 0;   // 1 when sufficient factors (u, v) were handed over
 
-  static constexpr int kWords = 7;
+  static constexpr int kWords = 6;
   void ToWords(int64_t* w) const;
   static Descriptor FromWords(const int64_t* w);
   // A 64-bit hash of every field (FNV-1a over the words, then a mixer); never 0 for a real
   // descriptor, so 0 can mean "not ready".
   uint64_t Hash() const;
   bool operator==(const Descriptor& o) const;
-  // "#3 step 0 count 100 float32 allreduce"
+  // "step 0 count 100 float32 allreduce"
   std::string ToString() const;
 };
 
@@ -92,8 +91,8 @@ std::string RankList(const std::vector<int>& ranks);
 
 // For layers ready everywhere whose hashes differ: groups the ranks by the descriptor they
 // submitted and names the differing fields, e.g.
-//   layer 3 (fc3): ranks disagree on the sequence number: ranks 0,2 submitted #3 step 0 ...;
-//   rank 1 submitted #2 step 0 ... (a rank skipped a layer or submitted in a different order)
+//   layer 3 (fc3): ranks disagree on the element count: ranks 0,2 submitted step 0 count 9 ...;
+//   rank 1 submitted step 0 count 8 ...
 // per_rank[r] holds every descriptor rank r has waiting (any layer). Also lists layers waiting
 // on some ranks only, since a skipped layer usually shows up there.
 std::string DescribeMismatch(const std::vector<std::vector<Descriptor>>& per_rank,

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <future>
 #include <sstream>
+#include <limits>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -455,7 +457,39 @@ TEST(Engine, DifferentSizeFailsEveryRank) {
   EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
 }
 
-TEST(Engine, DifferentOrderFailsEveryRank) {
+TEST(Engine, AnyOrderWithinAStep) {
+  // Layers are matched by id: every rank submits the step's layers in its own order (rotated
+  // by rank, reversed on odd steps), over enough steps for the response cache to take over.
+  const int P = World()->size(), me = World()->rank();
+  const std::vector<size_t> sizes = {16, 32, 7, 100, 1};
+  auto hc = MakeCollective(sizes);
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  ASSERT_NE(engine, nullptr);
+  const int L = static_cast<int>(sizes.size());
+  std::vector<std::vector<float>> g(sizes.size());
+  for (int step = 0; step < 8; ++step) {
+    std::vector<HandlePtr> h(sizes.size());
+    for (int k = 0; k < L; ++k) {
+      int l = (k + me) % L;
+      if (step % 2 == 1) l = L - 1 - l;
+      g[static_cast<size_t>(l)] = Grad(sizes[static_cast<size_t>(l)], me, step);
+      h[static_cast<size_t>(l)] =
+          engine->Submit(l, g[static_cast<size_t>(l)].data(), sizes[static_cast<size_t>(l)], step);
+    }
+    for (int l = 0; l < L; ++l) {
+      Status s = h[static_cast<size_t>(l)]->Wait(30);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      size_t wrong = 0;
+      for (size_t i = 0; i < sizes[static_cast<size_t>(l)]; ++i) {
+        wrong += g[static_cast<size_t>(l)][i] != Expected(i, P, step);
+      }
+      EXPECT_EQ(wrong, 0u) << "layer " << l << " step " << step;
+    }
+  }
+  EXPECT_TRUE(engine->Shutdown().ok());
+}
+
+TEST(Engine, DifferentStepFailsEveryRank) {
   const int P = World()->size(), me = World()->rank();
   if (P < 2) GTEST_SKIP() << "needs two ranks";
   auto hc = MakeCollective({16, 32});
@@ -463,35 +497,10 @@ TEST(Engine, DifferentOrderFailsEveryRank) {
   std::vector<float> a(16, 1), b(32, 1);
   auto start = Clock::now();
   std::vector<HandlePtr> h;
-  if (me == 0) {
-    h.push_back(engine->Submit(1, b.data(), b.size(), 0));
-    h.push_back(engine->Submit(0, a.data(), a.size(), 0));
-  } else {
-    h.push_back(engine->Submit(0, a.data(), a.size(), 0));
-    h.push_back(engine->Submit(1, b.data(), b.size(), 0));
-  }
-  ExpectAllFail(h, StatusCode::kMismatch,
-                {"sequence number", "different order", "rank 0 submitted #"}, start, 5);
-  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
-}
-
-TEST(Engine, SkippedLayerFailsEveryRank) {
-  const int P = World()->size(), me = World()->rank();
-  if (P < 2) GTEST_SKIP() << "needs two ranks";
-  auto hc = MakeCollective({16, 32, 8});
-  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
-  std::vector<float> a(16, 1), b(32, 1), c(8, 1);
-  auto start = Clock::now();
-  std::vector<HandlePtr> h;
-  h.push_back(engine->Submit(2, c.data(), c.size(), 0));
-  if (me != P - 1) h.push_back(engine->Submit(1, b.data(), b.size(), 0));
-  h.push_back(engine->Submit(0, a.data(), a.size(), 0));
-  // Layer 0 is #2 on most ranks and #1 on the last; layer 1 waits everywhere but there.
-  ExpectAllFail({h.back()}, StatusCode::kMismatch,
-                {"layer 0 (l0)", "sequence number", "skipped a layer",
-                 StrCat("layer 1 (l1) is waiting on ranks ", P == 2 ? "0" : "0,"),
-                 StrCat("was not submitted by ranks ", P - 1)},
-                start, 5);
+  h.push_back(engine->Submit(1, b.data(), b.size(), 0));
+  h.push_back(engine->Submit(0, a.data(), a.size(), me == P - 1 ? 1 : 0));
+  ExpectAllFail({h[1]}, StatusCode::kMismatch,
+                {"layer 0 (l0)", "step", StrCat("rank", P == 2 ? " " : "s ")}, start, 5);
   EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
 }
 
@@ -704,7 +713,7 @@ TEST(Engine, TimelineWritesChromeTrace) {
   EXPECT_EQ(count("\"name\":\"done\""), 6u);
   EXPECT_EQ(count("\"name\":\"submit\""), 6u);
   EXPECT_EQ(count("\"name\":\"queue\""), 6u);
-  EXPECT_GE(count("\"name\":\"allreduce(chunk)\""), 2u);
+  EXPECT_GE(count("\"name\":\"allreduce(chunks)\""), 2u);  // the chunked layer, both steps
   // Three layers and the negotiation track; every cycle that ran work records its round.
   EXPECT_EQ(count("\"name\":\"thread_name\""), 4u);
   EXPECT_NE(t.find("negotiation"), std::string::npos);
@@ -736,6 +745,149 @@ TEST(Engine, ManyStepsManyLayersNoLeftovers) {
   }
   EXPECT_TRUE(engine->Shutdown().ok());
   EXPECT_EQ(done.load(), 3 * 70);
+}
+
+// Steady state: a repeating schedule is run from the response cache (no negotiation round),
+// with results bitwise those of the negotiated runs; then one rank deviates in a cached step.
+void RunCachedSteps(Engine* engine, const std::vector<size_t>& sizes, int from, int to,
+                    std::vector<std::vector<float>>* g) {
+  const int P = World()->size(), me = World()->rank();
+  for (int step = from; step < to; ++step) {
+    std::vector<HandlePtr> h(sizes.size());
+    for (size_t l = sizes.size(); l-- > 0;) {
+      (*g)[l] = Grad(sizes[l], me, step);
+      h[l] = engine->Submit(static_cast<int>(l), (*g)[l].data(), sizes[l], step);
+    }
+    for (size_t l = 0; l < sizes.size(); ++l) {
+      Status s = h[l]->Wait(30);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      size_t wrong = 0;
+      for (size_t i = 0; i < sizes[l]; ++i) wrong += (*g)[l][i] != Expected(i, P, step);
+      EXPECT_EQ(wrong, 0u) << "layer " << l << " step " << step;
+    }
+  }
+}
+
+TEST(Engine, ResponseCacheSkipsNegotiationInSteadyState) {
+  const std::vector<size_t> sizes = {16, 32, 7, 100};
+  auto hc = MakeCollective(sizes);
+  EngineOptions o = Options(1 << 20, 0);
+  o.fusion_wait_us = 2000;  // every step's layers in one fused group, also under load
+  auto engine = MakeEngine(hc.get(), o);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::vector<float>> g(sizes.size());
+  RunCachedSteps(engine.get(), sizes, 0, 30, &g);
+  EngineStats st = engine->stats();
+  EXPECT_GT(st.cached_ops, 0) << "cycles " << st.cycles;
+  // Negotiated rounds are spent learning the schedule (and idling), cached ops on the rest.
+  EXPECT_EQ(st.completed, 30 * static_cast<int64_t>(sizes.size()));
+  EXPECT_TRUE(engine->Shutdown().ok());
+}
+
+TEST(Engine, ResponseCacheCatchesADeviationWithinTheStep) {
+  const int P = World()->size(), me = World()->rank();
+  if (P < 2) GTEST_SKIP() << "needs two ranks";
+  const std::vector<size_t> sizes = {16, 32, 7};
+  auto hc = MakeCollective(sizes);
+  EngineOptions o = Options(1 << 20, 0);
+  o.fusion_wait_us = 2000;
+  auto engine = MakeEngine(hc.get(), o);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::vector<float>> g(sizes.size());
+  RunCachedSteps(engine.get(), sizes, 0, 12, &g);
+  ASSERT_GT(engine->stats().cached_ops, 0);
+  // The last rank hands over a different size for layer 1: every rank fails with kMismatch
+  // naming it, within the step.
+  auto start = Clock::now();
+  std::vector<HandlePtr> h;
+  for (size_t l = sizes.size(); l-- > 0;) {
+    g[l] = Grad(sizes[l], me, 12);
+    const size_t n = (l == 1 && me == P - 1) ? sizes[l] - 1 : sizes[l];
+    h.push_back(engine->Submit(static_cast<int>(l), g[l].data(), n, 12));
+  }
+  ExpectAllFail({h[1]}, StatusCode::kMismatch, {"layer 1 (l1)", "element count"}, start, 5);
+  EXPECT_GE(engine->stats().cache_exits, 1);
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kMismatch);
+}
+
+TEST(Engine, ResponseCacheSkippedLayerStallsInsteadOfHanging) {
+  const int P = World()->size(), me = World()->rank();
+  if (P < 2) GTEST_SKIP() << "needs two ranks";
+  const std::vector<size_t> sizes = {16, 32};
+  auto hc = MakeCollective(sizes);
+  EngineOptions o = Options(1 << 20, 0);
+  o.fusion_wait_us = 2000;
+  o.stall_abort_s = 1.0;
+  auto engine = MakeEngine(hc.get(), o);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::vector<float>> g(sizes.size());
+  RunCachedSteps(engine.get(), sizes, 0, 12, &g);
+  ASSERT_GT(engine->stats().cached_ops, 0);
+  // The last rank never submits layer 0 in step 12 (a parameter unused there).
+  auto start = Clock::now();
+  g[1] = Grad(sizes[1], me, 12);
+  HandlePtr h1 = engine->Submit(1, g[1].data(), sizes[1], 12);
+  HandlePtr h0;
+  if (me != P - 1) {
+    g[0] = Grad(sizes[0], me, 12);
+    h0 = engine->Submit(0, g[0].data(), sizes[0], 12);
+  }
+  Status s1 = h1->Wait(15);
+  EXPECT_TRUE(s1.ok() || s1.code() == StatusCode::kTimeout) << s1.ToString();
+  if (h0) {
+    Status s0 = h0->Wait(15);
+    EXPECT_EQ(s0.code(), StatusCode::kTimeout) << s0.ToString();
+    EXPECT_NE(s0.message().find(StrCat("missing on ranks ", P - 1)), std::string::npos)
+        << s0.ToString();
+  }
+  while (engine->running() && Seconds(start) < 15) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_LT(Seconds(start), 10);
+  EXPECT_EQ(engine->Shutdown().code(), StatusCode::kTimeout);
+}
+
+TEST(Engine, OptionsThatShapeCollectivesMustAgree) {
+  const int P = World()->size(), me = World()->rank();
+  if (P < 2) GTEST_SKIP() << "needs two ranks";
+  auto hc = MakeCollective({16});
+  for (int variant = 0; variant < 3; ++variant) {
+    EngineOptions o = Options(1 << 20, 0);
+    const int odd = variant % P;  // the rank that differs: 0, 1, 2 (mod P)
+    const char* name = "";
+    if (variant == 0) {
+      name = "POSEIDON_FUSION_BYTES";
+      if (me == odd) o.fusion_bytes = 0;
+    } else if (variant == 1) {
+      name = "POSEIDON_SLICE_BYTES";
+      if (me == odd) o.slice_bytes = 4096;
+    } else {
+      name = "POSEIDON_RESPONSE_CACHE";
+      if (me == odd) o.response_cache = false;
+    }
+    auto e = Engine::Create(World(), hc.get(), o);
+    ASSERT_FALSE(e.ok()) << name;
+    EXPECT_EQ(e.status().code(), StatusCode::kMismatch) << e.status().ToString();
+    EXPECT_NE(e.status().message().find(name), std::string::npos) << e.status().ToString();
+    EXPECT_NE(e.status().message().find(StrCat("rank ", odd)), std::string::npos)
+        << e.status().ToString();
+  }
+}
+
+TEST(Engine, HugeWaitTimeoutsMeanForeverAndCallbacksMayThrow) {
+  const int P = World()->size(), me = World()->rank();
+  auto hc = MakeCollective({10, 3});
+  auto engine = MakeEngine(hc.get(), Options(1 << 20, 0));
+  ASSERT_NE(engine, nullptr);
+  auto g0 = Grad(10, me, 0), g1 = Grad(3, me, 0);
+  HandlePtr h0 = engine->Submit(0, g0.data(), g0.size(), 0,
+                                [](const Status&) { throw std::runtime_error("user bug"); });
+  HandlePtr h1 = engine->Submit(1, g1.data(), g1.size(), 0);
+  EXPECT_TRUE(h0->Wait(1e10).ok());
+  EXPECT_TRUE(h1->Wait(std::numeric_limits<double>::infinity()).ok());
+  EXPECT_TRUE(h1->Wait(std::numeric_limits<double>::quiet_NaN()).ok());
+  EXPECT_EQ(g0[3], Expected(3, P, 0));
+  EXPECT_TRUE(engine->Shutdown().ok());
 }
 
 }  // namespace

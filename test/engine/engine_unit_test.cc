@@ -9,6 +9,7 @@
 
 #include "engine/fusion.h"
 #include "engine/negotiation.h"
+#include "engine/response_cache.h"
 #include "engine/stream_sync.h"
 #include "engine/timeline.h"
 
@@ -24,10 +25,10 @@ NegotiationVector Reduce(const std::vector<NegotiationVector>& ranks) {
   return out;
 }
 
-Descriptor D(int layer, int seq, int64_t count = 10) {
+Descriptor D(int layer, int step, int64_t count = 10) {
   Descriptor d;
   d.layer = layer;
-  d.seq = seq;
+  d.step = step;
   d.count = count;
   return d;
 }
@@ -102,7 +103,7 @@ TEST(Descriptor, HashCoversEveryField) {
   int64_t w[Descriptor::kWords];
   base.ToWords(w);
   EXPECT_TRUE(Descriptor::FromWords(w) == base);
-  EXPECT_EQ(base.ToString(), "#4 step 5 count 10 float32 allreduce");
+  EXPECT_EQ(base.ToString(), "step 5 count 10 float32 allreduce");
 }
 
 std::string Name(int l) { return "fc" + std::to_string(l); }
@@ -112,22 +113,93 @@ TEST(Messages, MismatchNamesLayerFieldAndRanks) {
   std::vector<std::vector<Descriptor>> per_rank = {{D(1, 1, 32)}, {D(1, 1, 31)}, {D(1, 1, 32)}};
   std::string m = DescribeMismatch(per_rank, {1}, Name);
   EXPECT_EQ(m,
-            "layer 1 (fc1): ranks disagree on the element count: ranks 0,2 submitted #1 step 0 "
-            "count 32 float32 allreduce; rank 1 submitted #1 step 0 count 31 float32 allreduce");
+            "layer 1 (fc1): ranks disagree on the element count: ranks 0,2 submitted step 1 "
+            "count 32 float32 allreduce; rank 1 submitted step 1 count 31 float32 allreduce");
 }
 
-TEST(Messages, MismatchExplainsSkippedLayer) {
-  // Rank 1 skipped layer 1: its layer 0 is #1 while rank 0's is #2; layer 1 waits on rank 0.
-  std::vector<std::vector<Descriptor>> per_rank = {{D(0, 2), D(1, 1)}, {D(0, 1)}};
+TEST(Messages, MismatchNamesTheStepAndListsLayersWaitingOnSomeRanks) {
+  // Rank 1 is a step ahead on layer 0; layer 1 waits on rank 0 only.
+  std::vector<std::vector<Descriptor>> per_rank = {{D(0, 2), D(1, 2)}, {D(0, 3)}};
   std::string m = DescribeMismatch(per_rank, {0}, Name);
-  EXPECT_NE(m.find("layer 0 (fc0): ranks disagree on the sequence number (a rank skipped a "
-                   "layer or submitted layers in a different order): rank 0 submitted #2"),
+  EXPECT_NE(m.find("layer 0 (fc0): ranks disagree on the step: rank 0 submitted step 2"),
             std::string::npos)
       << m;
-  EXPECT_NE(m.find("rank 1 submitted #1"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank 1 submitted step 3"), std::string::npos) << m;
   EXPECT_NE(m.find("layer 1 (fc1) is waiting on ranks 0 but was not submitted by ranks 1"),
             std::string::npos)
       << m;
+}
+
+TEST(ResponseCache, TrailerCommitsOnlyWhenEveryRankIsReadyAndAgrees) {
+  for (int world : {1, 2, 3, 7, 9, 256}) {
+    auto sum = [&](const std::vector<std::vector<float>>& t) {
+      std::vector<float> s(engine::kTrailerFloats, 0.0f);
+      for (const auto& v : t) {
+        for (size_t i = 0; i < s.size(); ++i) s[i] += v[i];
+      }
+      return s;
+    };
+    const uint64_t h = 0x9e3779b97f4a7c15ull;
+    std::vector<std::vector<float>> all(static_cast<size_t>(world),
+                                        engine::EncodeTrailer(true, false, false, h));
+    EXPECT_TRUE(engine::DecodeTrailer(sum(all).data(), world).commit()) << world;
+    // One rank differs in one bit of any of the 32 carried bits: never committed.
+    for (int bit = 0; bit < 32; bit += 7) {
+      auto t = all;
+      t.back() = engine::EncodeTrailer(true, false, false, h ^ (1ull << bit));
+      auto v = engine::DecodeTrailer(sum(t).data(), world);
+      if (world > 1) {
+        EXPECT_FALSE(v.agree) << world << " bit " << bit;
+        EXPECT_FALSE(v.commit());
+      }
+    }
+    // Two ranks whose pieces average to a third's: variance still catches it.
+    if (world >= 3) {
+      auto t = all;
+      t[0] = engine::EncodeTrailer(true, false, false, h + 1);
+      t[1] = engine::EncodeTrailer(true, false, false, h - 1);
+      EXPECT_FALSE(engine::DecodeTrailer(sum(t).data(), world).agree) << world;
+    }
+    auto t = all;
+    t[0] = engine::EncodeTrailer(false, false, false, 0);
+    EXPECT_FALSE(engine::DecodeTrailer(sum(t).data(), world).all_ready);
+    t = all;
+    t[0] = engine::EncodeTrailer(true, true, false, h);
+    EXPECT_TRUE(engine::DecodeTrailer(sum(t).data(), world).error);
+    t[0] = engine::EncodeTrailer(true, false, true, h);
+    EXPECT_TRUE(engine::DecodeTrailer(sum(t).data(), world).shutdown);
+  }
+}
+
+TEST(ResponseCache, RecorderNeedsTwoEqualCacheableSteps) {
+  engine::ScheduleRecorder r;
+  std::vector<engine::CachedOp> sched;
+  size_t next = 9;
+  auto step = [&](int s, bool cacheable) {
+    r.Record(cacheable, {D(2, s), D(3, s)}, 20);
+    r.Record(true, {D(0, s), D(1, s)}, 20);
+  };
+  step(0, true);
+  EXPECT_FALSE(r.Ready(&sched, &next));
+  step(1, true);
+  EXPECT_FALSE(r.Ready(&sched, &next));  // step 1 is not known complete yet
+  r.Record(true, {D(2, 2), D(3, 2)}, 20);
+  ASSERT_TRUE(r.Ready(&sched, &next));
+  EXPECT_EQ(sched.size(), 2u);
+  EXPECT_EQ(next, 1u);
+  EXPECT_EQ(sched[1].layers, (std::vector<int>{0, 1}));
+  // A step with an op that cannot be cached (a strategy, a slice) keeps the cache off.
+  r.Reset();
+  step(0, true);
+  step(1, false);
+  r.Record(true, {D(2, 2), D(3, 2)}, 20);
+  EXPECT_FALSE(r.Ready(&sched, &next));
+  // Different groupings in two steps: no cache.
+  r.Reset();
+  step(0, true);
+  r.Record(true, {D(2, 1), D(3, 1), D(0, 1), D(1, 1)}, 40);
+  r.Record(true, {D(2, 2), D(3, 2)}, 20);
+  EXPECT_FALSE(r.Ready(&sched, &next));
 }
 
 TEST(Messages, StallListsPresentAndMissingRanks) {

@@ -1,0 +1,195 @@
+// HybridCollective::ExchangeDense: the engine's batched dense sum.
+//   1. kFused: pack every part (and the trailer) into the fusion buffer; one allreduce; if a
+//      trailer was given, `commit` reads its sum and may decline (nothing is unpacked: every
+//      part keeps its input, so the engine can run it again); unpack.
+//      kInPlace: one allreduce on the part itself.
+//      kChunked: allreduce i+1 is posted before chunk i is averaged (PHub-style pipeline).
+//   2. Each part's tail: a part that ends its layer finishes the whole layer (the 1/P average,
+//      or the optimizer step with the average fused in, FinishDenseSum) unless it is a slice of
+//      a layer without an optimizer, which was averaged slice by slice; then the traffic.
+// The average of a slice and of the whole layer is the same element-wise 1/P scale, so fused,
+// sliced, chunked and unfused exchanges give bitwise identical results.
+#include <algorithm>
+#include <chrono>
+
+#include "collectives/hybrid.h"
+
+namespace poseidon {
+
+namespace {
+
+double NowUs() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Status HybridCollective::ReserveFusion(size_t bytes) {
+  if (fusion_buf_ != nullptr && fusion_buf_->bytes() >= bytes) return Status::Ok();
+  fusion_buf_.reset();
+  PSD_ASSIGN_OR_RETURN(fusion_buf_, ctx_.kernels->Allocate(std::max<size_t>(bytes, 4)));
+  return Status::Ok();
+}
+
+DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
+  DenseBatchReport rep;
+  const size_t nparts = batch.parts.size();
+  rep.status.assign(nparts, Status::Ok());
+  const Kernels& k = *ctx_.kernels;
+  CallOptions call = ctx_.call;
+  call.agreed = true;  // the engine's negotiation agreed on the parts
+  const float inv = 1.0f / static_cast<float>(world());
+  auto fail_all = [&](const Status& s) {
+    for (auto& st : rep.status) st = s;
+  };
+
+  // 1. The sum.
+  const double t0 = NowUs();
+  if (batch.kind == DenseBatchKind::kFused) {
+    size_t total = batch.trailer.size() + batch.pad;
+    std::vector<ConstByteRange> in;
+    std::vector<ByteRange> out;
+    for (const DensePart& p : batch.parts) {
+      const size_t bytes = (p.end - p.begin) * sizeof(float);
+      in.push_back(ConstByteRange{p.grad + p.begin, bytes});
+      out.push_back(ByteRange{p.grad + p.begin, bytes});
+      total += p.end - p.begin;
+    }
+    // The buffer is reserved at engine creation for the largest fused group, so this never
+    // allocates on one rank only; a group that outgrew it is a planning bug, and failing here
+    // would leave the peers in the allreduce, so it is reported after taking part.
+    Status s;
+    if (fusion_buf_ == nullptr || fusion_buf_->bytes() < total * sizeof(float)) {
+      s = InternalError("ExchangeDense: a fused group of ", total * sizeof(float),
+                        " bytes outgrew the reserved fusion buffer (",
+                        fusion_buf_ ? fusion_buf_->bytes() : 0, " bytes)");
+    }
+    if (!s.ok()) {
+      fail_all(s);
+      return rep;
+    }
+    float* buf = fusion_buf_->as<float>();
+    const size_t data_elems = total - batch.trailer.size();
+    s = k.Pack(in, buf, call.stream);
+    if (s.ok() && batch.pad > 0) {
+      s = k.Fill(buf + data_elems - batch.pad, batch.pad, 0.0f, call.stream);
+    }
+    if (s.ok() && !batch.trailer.empty()) {
+      s = k.Copy(buf + data_elems, batch.trailer.data(), batch.trailer.size() * sizeof(float),
+                 call.stream);
+    }
+    const double t1 = NowUs();
+    rep.pack_us = t1 - t0;
+    // A local pack failure still joins the allreduce (the peers are in it); its result is then
+    // not unpacked here.
+    Status sum = ctx_.backend->AllReduce(buf, buf, total, DType::kFloat32, call);
+    const double t2 = NowUs();
+    rep.reduce_us = t2 - t1;
+    if (!sum.ok()) {
+      fail_all(sum.WithPrefix("fused allreduce: "));
+      return rep;
+    }
+    if (!batch.trailer.empty()) {
+      rep.trailer_sum.resize(batch.trailer.size());
+      Status c = k.Copy(rep.trailer_sum.data(), buf + data_elems,
+                        batch.trailer.size() * sizeof(float), call.stream);
+      if (c.ok()) c = k.Synchronize(call.stream);
+      if (!c.ok()) s = s.ok() ? c : s;
+      rep.committed = batch.commit ? batch.commit(rep.trailer_sum.data()) : true;
+      if (!rep.committed) return rep;
+    }
+    if (s.ok()) s = k.Unpack(buf, out, call.stream);
+    if (!s.ok()) {
+      fail_all(s.WithPrefix("fused allreduce: "));
+      return rep;
+    }
+  } else if (batch.kind == DenseBatchKind::kInPlace) {
+    const DensePart& p = batch.parts.at(0);
+    Status s;
+    if (p.end > p.begin) {
+      s = ctx_.backend->AllReduce(p.grad + p.begin, p.grad + p.begin, p.end - p.begin,
+                              DType::kFloat32, call);
+    }
+    rep.reduce_us = NowUs() - t0;
+    if (!s.ok()) {
+      fail_all(s.WithPrefix("allreduce: "));
+      return rep;
+    }
+  } else {
+    const DensePart& p = batch.parts.at(0);
+    float* data = p.grad + p.begin;
+    const size_t n = p.end - p.begin;
+    const size_t chunk = std::max<size_t>(1, batch.chunk_bytes / sizeof(float));
+    const bool optimizer = layers_[static_cast<size_t>(p.layer)].spec.optimizer.enabled();
+    // A local failure (the scale) must not stop this rank from posting the remaining chunks:
+    // the peers are in those collectives. Only a failed post ends the pipeline early.
+    Status s;
+    std::unique_ptr<Request> current, next;
+    auto post = [&](size_t begin) -> Status {
+      auto r = ctx_.backend->IAllReduce(data + begin, data + begin, std::min(chunk, n - begin),
+                                    DType::kFloat32, call);
+      if (!r.ok()) return r.status();
+      next = std::move(*r);
+      return Status::Ok();
+    };
+    if (n > 0) {
+      s = post(0);
+      current = std::move(next);
+    }
+    for (size_t begin = 0; begin < n && current; begin += chunk) {
+      if (begin + chunk < n) {
+        Status ps = post(begin + chunk);
+        if (s.ok()) s = ps;
+      }
+      Status w = current->Wait(call.interrupt);
+      if (s.ok()) s = w;
+      if (!w.ok()) break;  // abandoned: MPI owns the rest, the peers are being torn down
+      if (s.ok() && !optimizer) {
+        s = k.Scale(data + begin, std::min(chunk, n - begin), inv, nullptr);
+      }
+      rep.chunks += 1;
+      current = std::move(next);
+    }
+    rep.reduce_us = NowUs() - t0;
+    if (!s.ok()) {
+      fail_all(s.WithPrefix("chunked allreduce: "));
+      return rep;
+    }
+  }
+
+  // 2. Tails.
+  const double t3 = NowUs();
+  for (size_t i = 0; i < nparts; ++i) {
+    const DensePart& p = batch.parts[i];
+    if (p.sum_only) continue;
+    const bool whole = p.begin == 0 && p.last;
+    const bool optimizer = layers_[static_cast<size_t>(p.layer)].spec.optimizer.enabled();
+    Status s;
+    // Slices of layers without an optimizer are averaged on their own (chunks already were).
+    if (!whole && !optimizer && batch.kind != DenseBatchKind::kChunked) {
+      s = k.Scale(p.grad + p.begin, p.end - p.begin, inv, call.stream);
+    }
+    if (p.last && s.ok()) {
+      const bool chunk_averaged = batch.kind == DenseBatchKind::kChunked && !optimizer;
+      if ((whole && !chunk_averaged) || optimizer) {
+        ExchangeBuffers b;
+        b.grad = p.grad;
+        b.params = p.params;
+        s = FinishDenseSum(p.layer, b, p.step);
+      }
+      if (s.ok()) {
+        const Layer& l = layers_[static_cast<size_t>(p.layer)];
+        const double bytes = CostModel::WireBytes(
+            CollectiveKind::kAllReduce, world(), 4.0 * static_cast<double>(l.spec.NumElements()));
+        AddTraffic(p.layer, bytes, bytes);
+      }
+    }
+    rep.status[i] = s;
+  }
+  rep.finish_us = NowUs() - t3;
+  return rep;
+}
+
+}  // namespace poseidon

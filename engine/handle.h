@@ -1,0 +1,72 @@
+// Handle: the shared completion state of one Engine::Submit.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/stream_sync.h"
+#include "runtime/status.h"
+
+namespace poseidon {
+
+// Completion callback: runs exactly once, with the final status, on the engine thread (on the
+// liveness thread when a lost peer fails the handle; on the calling thread when Submit fails
+// at once). Keep it short; it may call Submit, but must not call Shutdown or Wait on a handle
+// of the same engine. An exception it throws is caught and logged: it never reaches the engine.
+using DoneCallback = std::function<void(const Status&)>;
+
+// Thread-safe: any thread may Test, Wait or read status. Lock order: mu_ is a leaf (never held
+// while calling out).
+class Handle {
+ public:
+  Handle(int layer, int64_t step, std::string layer_name);
+
+  int layer() const { return layer_; }
+  int64_t step() const { return step_; }
+  // True once complete, successfully or not. Never blocks.
+  bool Test() const { return done_.load(std::memory_order_acquire); }
+  // Waits until complete and returns the final status. timeout_s < 0, infinite, or beyond
+  // about 30 years waits until completion, which the engine bounds (a lost peer fails every
+  // handle within POSEIDON_PEER_TIMEOUT_S, a stall within POSEIDON_STALL_ABORT_S). On timeout
+  // returns kTimeout (the exchange goes on; wait again later).
+  Status Wait(double timeout_s = -1) const;
+  // The final status once Test() is true; while pending, kUnavailable saying so.
+  Status status() const;
+
+  // Device memory: the cudaEvent_t recorded on the engine's stream after this exchange, once
+  // Test() is true and the exchange succeeded; null otherwise (pending, failed, host memory).
+  // Valid while the handle lives.
+  void* cuda_event() const;
+  // Device memory: waits (host) until the exchange is queued, then orders `stream` (a
+  // cudaStream_t, null: the default stream) after its completion on the device, so work
+  // queued there later sees the result; the host never waits for the transfer itself. Host
+  // memory: the same as Wait(timeout_s).
+  Status WaitOnStream(void* stream, double timeout_s = -1) const;
+
+ private:
+  friend class Engine;
+  // Sets the final status (first call wins), wakes waiters, then runs the callback.
+  void Complete(const Status& s);
+
+  const int layer_;
+  const int64_t step_;
+  const std::string layer_name_;
+  DoneCallback callback_;  // set before the handle is shared; run once by Complete
+  // Device memory: recorded on the engine's stream before Complete (set before sharing).
+  std::unique_ptr<engine::Event> done_event_;
+  // The engine's count of user threads blocked in Wait (set before sharing): an engine holding
+  // its fusion window open stops waiting for more layers once somebody waits for a result.
+  std::shared_ptr<std::atomic<int>> engine_waiters_;
+  std::atomic<bool> done_{false};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  Status status_;  // guarded by mu_, final once done_
+};
+using HandlePtr = std::shared_ptr<Handle>;
+
+}  // namespace poseidon
