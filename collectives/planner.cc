@@ -75,6 +75,7 @@ Result<PlannerOptions> PlannerOptions::FromSettings() {
     return InvalidArgument("POSEIDON_CANDIDATES='", cands, "': ", list.status().message());
   }
   o.candidates = *list;
+  o.fusion_bytes = settings::FusionBytes();
   return o;
 }
 
@@ -150,6 +151,36 @@ Result<Plan> MakePlan(const std::vector<LayerSpec>& layers, size_t batch, int wo
   for (const LayerSpec& l : layers) {
     PSD_ASSIGN_OR_RETURN(PlanEntry e, PlanLayer(l, batch, world, model, options));
     plan.entries.push_back(std::move(e));
+  }
+  if (options.fusion_bytes <= 0) return plan;
+  // Fusion: one latency for the group instead of one (or two, for ps) per layer.
+  std::vector<size_t> group;
+  double separate_s = 0, fused_bytes = 0, local_s = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const PlanEntry& e = plan.entries[i];
+    const CandidateCost& ar = e.cost(StrategyKind::kAllReduce);
+    const double bytes = 4.0 * static_cast<double>(layers[i].NumElements());
+    if (e.reason != "auto" || !ar.candidate || bytes > static_cast<double>(options.fusion_bytes)) {
+      continue;
+    }
+    group.push_back(i);
+    separate_s += e.cost(e.choice).time_s;
+    fused_bytes += bytes;
+    // What the allreduce candidate costs besides its collective (optimizer step, forming a
+    // factored gradient) stays per layer.
+    local_s += ar.time_s - model.CollectiveTime(CollectiveKind::kAllReduce, world, bytes);
+  }
+  if (group.size() < 2) return plan;
+  const double groups = std::ceil(fused_bytes / static_cast<double>(options.fusion_bytes));
+  const double fused_s =
+      groups * model.CollectiveTime(CollectiveKind::kAllReduce, world, fused_bytes / groups) +
+      local_s;
+  if (fused_s >= separate_s) return plan;
+  for (size_t i : group) {
+    PlanEntry& e = plan.entries[i];
+    if (e.choice == StrategyKind::kAllReduce) continue;
+    e.choice = StrategyKind::kAllReduce;
+    e.reason = "fused";
   }
   return plan;
 }

@@ -10,6 +10,10 @@
 //      relative 1e-12 of the cheapest count as a tie, broken in the order sfb, allreduce, ps,
 //      topk: lossless before lossy, and sfb first because Poseidon's rule sends factors when
 //      their bytes are no more than the dense exchange's (P K <= 2 M N / (M + N)).
+//   4. Fusion (MakePlan, with PlannerOptions::fusion_bytes): the layers chosen "auto" whose
+//      allreduce is a candidate and fits the fusion buffer would be summed by the engine in
+//      ceil(total / fusion_bytes) allreduces; when that costs less than their separate choices
+//      (each paying its own latencies), they all take allreduce with the reason "fused".
 //
 // The Plan prints as a whitespace table and parses back (ParsePlan(plan.ToString()) gives the
 // same plan up to the printed precision of times and bytes).
@@ -68,6 +72,10 @@ Result<Plan> ParsePlan(const std::string& text);
 struct PlannerOptions {
   std::optional<StrategyKind> global_force;  // POSEIDON_STRATEGY unless "auto"
   std::vector<StrategyKind> candidates = {kAllStrategies, kAllStrategies + kNumStrategies};
+  // The engine's fusion buffer (POSEIDON_FUSION_BYTES; 0: no fusion). Dense layers up to this
+  // size are summed together in one allreduce, so they share its latency: the planner then
+  // compares "every such layer allreduced, fused" with their separate choices (reason "fused").
+  long long fusion_bytes = 0;
 
   // From POSEIDON_STRATEGY and POSEIDON_CANDIDATES; bad values are errors naming the setting.
   static Result<PlannerOptions> FromSettings();
