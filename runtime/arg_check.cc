@@ -2,7 +2,9 @@
 
 #include <array>
 #include <cstring>
+#include <memory>
 #include <string>
+
 #include "runtime/hash.h"
 
 namespace poseidon {
@@ -49,34 +51,60 @@ std::string RanksWith(const std::vector<std::array<int64_t, kFields>>& all, int 
 }
 }  // namespace
 
-Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args) {
-  std::array<int64_t, kFields> mine = {args.count, args.dtype, args.root,
-                                       static_cast<int64_t>(args.layout_hash),
-                                       args.local.ok() ? 0 : 1};
-  std::array<int64_t, 2 * kFields> both;
+Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wait) {
+  MpiWait how = wait;
+  if (how.call == nullptr || how.call[0] == '\0') how.call = args.call;
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  // Everything MPI reads or writes lives here, on the heap: an interrupted exchange leaves its
+  // request to MPI, which may still write these bytes after this function has returned.
+  struct Exchange {
+    std::array<int64_t, kFields> mine;
+    std::array<int64_t, 2 * kFields> both;
+    std::vector<std::array<int64_t, kFields>> all;
+    char msg[kMsgLen] = {0};
+    std::vector<char> msgs;
+  };
+  auto x = std::make_shared<Exchange>();
+  std::array<int64_t, kFields>& mine = x->mine;
+  std::array<int64_t, 2 * kFields>& both = x->both;
+  mine = {args.count, args.dtype, args.root, static_cast<int64_t>(args.layout_hash),
+          args.local.ok() ? 0 : 1};
   for (int i = 0; i < kFields; ++i) {
     both[i] = mine[i];
     both[kFields + i] = mine[i] == INT64_MIN ? INT64_MAX : -mine[i];
   }
-  int rc = MPI_Allreduce(MPI_IN_PLACE, both.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm);
-  if (rc != MPI_SUCCESS) {
-    return BackendError(args.call, ": MPI_Allreduce of the argument check failed (code ", rc, ")");
+  Status exchanged = RunMpi(how, "MPI_Allreduce", x, [&](MPI_Request* r) {
+    return r ? MPI_Iallreduce(MPI_IN_PLACE, both.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm, r)
+             : MPI_Allreduce(MPI_IN_PLACE, both.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm);
+  });
+  if (exchanged.code() == StatusCode::kBackendError) {
+    return BackendError(args.call, ": the argument check failed: ", exchanged.message());
   }
+  PSD_CHECK(exchanged);
   bool agree = true;
   for (int i = 0; i < 4; ++i) agree = agree && (both[i] == -both[kFields + i]);
   bool any_bad = both[4] != 0;
   if (agree && !any_bad) return Status::Ok();
 
   // Error path: gather every rank's values and messages so all ranks report the same cause.
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  std::vector<std::array<int64_t, kFields>> all(static_cast<size_t>(size));
-  MPI_Allgather(mine.data(), kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T, comm);
+  std::vector<std::array<int64_t, kFields>>& all = x->all;
+  all.resize(static_cast<size_t>(size));
+  PSD_CHECK(RunMpi(how, "MPI_Allgather", x, [&](MPI_Request* r) {
+    return r ? MPI_Iallgather(mine.data(), kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T,
+                              comm, r)
+             : MPI_Allgather(mine.data(), kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T,
+                             comm);
+  }));
   if (any_bad) {
-    char msg[kMsgLen] = {0};
+    char* msg = x->msg;
     std::strncpy(msg, args.local.message().c_str(), kMsgLen - 1);
-    std::vector<char> msgs(static_cast<size_t>(size) * kMsgLen);
-    MPI_Allgather(msg, kMsgLen, MPI_CHAR, msgs.data(), kMsgLen, MPI_CHAR, comm);
+    std::vector<char>& msgs = x->msgs;
+    msgs.resize(static_cast<size_t>(size) * kMsgLen);
+    PSD_CHECK(RunMpi(how, "MPI_Allgather", x, [&](MPI_Request* r) {
+      return r ? MPI_Iallgather(msg, kMsgLen, MPI_CHAR, msgs.data(), kMsgLen, MPI_CHAR, comm, r)
+               : MPI_Allgather(msg, kMsgLen, MPI_CHAR, msgs.data(), kMsgLen, MPI_CHAR, comm);
+    }));
     if (!args.local.ok()) return args.local;
     for (int r = 0; r < size; ++r) {
       if (all[static_cast<size_t>(r)][4] != 0) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/mpi_wait.h"
 #include "runtime/status.h"
 
 namespace poseidon {
@@ -29,7 +30,10 @@ struct CollectiveArgs {
 // Returns OK on every rank, or an error on every rank: a rank whose own arguments are bad gets
 // its own message; the others get "rank r passed an invalid argument: <that message>" (or the
 // mismatch, naming the ranks and values that differ).
-Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args);
+// With wait.interrupt set, every exchange is a non-blocking collective polled under it
+// (RunMpi): an interrupt returns its status ("<wait.call>: <message>"), abandons the exchange
+// and records it in wait.sticky. Every rank must pass an interrupt or none alike.
+Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wait = {});
 
 uint64_t HashCounts(const std::vector<size_t>& counts);
 

@@ -53,8 +53,13 @@ class Request {
   virtual ~Request() = default;
   // True when complete (and then its result is final); never blocks.
   virtual Result<bool> Test() = 0;
-  // Blocks until complete.
-  virtual Status Wait() = 0;
+  // Blocks until complete or, when interrupt is not null, until interrupt->Check() turns
+  // non-OK: Wait then returns that status (naming the call) and the request is abandoned (see
+  // Interrupt): it never completes here, its backend fails every later call with kAborted, and
+  // MPI may still write its output buffers, which the caller must therefore never reuse.
+  virtual Status Wait(const Interrupt* interrupt) = 0;
+  // Blocks until complete (MPI's own wait: no interrupt).
+  Status Wait() { return Wait(nullptr); }
 };
 
 class Backend {

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <utility>
 
 #include "runtime/arg_check.h"
 #include "runtime/half.h"
@@ -21,13 +22,6 @@ MPI_Datatype ToMpiType(DType dtype) {
     case DType::kInt64: return MPI_INT64_T;
   }
   return MPI_DATATYPE_NULL;
-}
-
-Status MpiError(const char* what, int code) {
-  char buf[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, buf, &len);
-  return BackendError(what, " failed: ", std::string(buf, static_cast<size_t>(len)));
 }
 
 namespace {
@@ -72,36 +66,58 @@ Status CheckCounts(const char* call, const std::vector<size_t>& counts, int worl
 
 bool CheckArgsEnabled() { return settings::CheckArgs(); }
 
+// Scratch a call's MPI collective reads or writes besides the caller's buffers. Held through a
+// shared_ptr so that an abandoned call can hand it to AbandonMpi: MPI may still use it.
+struct Scratch {
+  std::vector<float> wide;  // float16 / bfloat16 widened to float32 (and reduce-scatter output)
+  std::vector<int> counts;  // MPI may read count / displacement arrays until the call completes
+  std::vector<int> displs;
+};
+
+// A valid pointer for an empty send or receive: MPI writes nothing there, but Open MPI wants a
+// pointer, and a posted call may outlive any stack frame.
+char g_empty[16];
+
 // A request wrapping one MPI_Request, with an optional completion step (narrowing halves).
 class MpiRequest : public Request {
  public:
-  MpiRequest() = default;
+  MpiRequest(const char* name, std::shared_ptr<StickyError> sticky)
+      : name_(name), sticky_(std::move(sticky)) {}
   MPI_Request* handle() { return &req_; }
-  std::vector<float>& scratch() { return scratch_; }
-  // MPI may read count / displacement arrays until a non-blocking call completes.
-  std::vector<int>& counts() { return counts_; }
-  std::vector<int>& displs() { return displs_; }
+  Scratch& scratch() { return *scratch_; }
   void set_finish(std::function<void()> f) { finish_ = std::move(f); }
-  void set_name(const char* name) { name_ = name; }
 
+  using Request::Wait;
   Result<bool> Test() override {
     if (done_) return true;
+    PSD_CHECK(failure_);
     int flag = 0;
     int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return MpiError(name_, rc);
+    if (rc != MPI_SUCCESS) return MpiError(StrCat(name_, ": MPI_Test").c_str(), rc);
     if (flag) Complete();
     return done_;
   }
-  Status Wait() override {
+  Status Wait(const Interrupt* interrupt) override {
     if (done_) return Status::Ok();
-    int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return MpiError(name_, rc);
+    PSD_CHECK(failure_);
+    Status s = WaitOrAbandon(&req_, scratch_, MpiWait{interrupt, name_, sticky_.get()});
+    if (!s.ok()) {
+      failure_ = s;
+      return s;
+    }
     Complete();
     return Status::Ok();
   }
   ~MpiRequest() override {
-    // A request dropped while pending must still complete before its scratch is freed.
-    if (!done_ && req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    if (done_ || req_ == MPI_REQUEST_NULL) return;
+    // A request dropped while pending must complete before its scratch is freed. Once its
+    // backend has given up on a call, though, it may never complete: leave it to MPI with its
+    // scratch instead of blocking the owner's thread for good.
+    if (sticky_->failed()) {
+      AbandonMpi(req_, scratch_);
+      return;
+    }
+    MPI_Wait(&req_, MPI_STATUS_IGNORE);
   }
 
  private:
@@ -110,11 +126,11 @@ class MpiRequest : public Request {
     if (finish_) finish_();
   }
   MPI_Request req_ = MPI_REQUEST_NULL;
-  std::vector<float> scratch_;
-  std::vector<int> counts_;
-  std::vector<int> displs_;
+  std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();
   std::function<void()> finish_;
-  const char* name_ = "MPI request";
+  const char* name_;
+  std::shared_ptr<StickyError> sticky_;
+  Status failure_;  // why an earlier Wait gave up (the request is then abandoned)
   bool done_ = false;
 };
 
@@ -142,13 +158,21 @@ MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
 
 MpiBackend::~MpiBackend() = default;
 
-Result<ShmCollectives*> MpiBackend::ShmFor(size_t bytes) {
+Result<ShmCollectives*> MpiBackend::ShmFor(size_t bytes, const MpiWait& how) {
   long long threshold = settings::ShmThresholdBytes();
   if (threshold <= 0 || bytes < static_cast<size_t>(threshold) || shm_multi_node_) {
     return static_cast<ShmCollectives*>(nullptr);
   }
   long long chunk = settings::ShmChunkBytes();
   if (shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk) return shm_.get();
+  if (how.interrupt != nullptr) {
+    // Freeing and creating the window (MPI_Win_free, MPI_Comm_split_type,
+    // MPI_Win_allocate_shared) only block: meet every rank under the interrupt first, so that
+    // they wait only for peers already on their way.
+    PSD_CHECK(RunMpi(how, "MPI_Barrier", nullptr, [&](MPI_Request* r) {
+      return r ? MPI_Ibarrier(comm_, r) : MPI_Barrier(comm_);
+    }));
+  }
   shm_.reset();  // collective: every rank reaches this point with the same settings
   auto created = ShmCollectives::Create(comm_, chunk < 0 ? 0 : static_cast<size_t>(chunk),
                                         settings::ShmTimeoutS());
@@ -163,75 +187,110 @@ Result<ShmCollectives*> MpiBackend::ShmFor(size_t bytes) {
 
 bool MpiBackend::SupportsMemory(MemoryKind memory) const { return memory == MemoryKind::kHost; }
 
+Status MpiBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt) {
+  const MpiWait how{interrupt, args.call, sticky_.get()};
+  PSD_CHECK(sticky_->Check(args.call));
+  return AgreeOnArgs(comm_, args, how);
+}
+
+Status MpiBackend::ShmResult(const ShmCollectives& shm, Status status) {
+  if (status.ok() || !shm.broken()) return status;
+  // The window's peers are in an unknown state (one may still be inside this collective):
+  // nothing on this communicator can be trusted any more.
+  Status failed = status.WithPrefix("MpiBackend::");
+  sticky_->Record(failed);
+  return failed;
+}
+
 Status MpiBackend::CheckMemory(const char* call, const CallOptions& opts) const {
   if (opts.memory == MemoryKind::kHost) return Status::Ok();
   return UnavailableError(call, ": the MPI backend was given ", MemoryKindName(opts.memory),
                           " memory; this build stages only host memory");
 }
 
-Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype) {
+Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype,
+                                      const MpiWait& how) {
   if (count == 0) return Status::Ok();
-  const void* src = (send == recv) ? MPI_IN_PLACE : send;
+  const int n = static_cast<int>(count);
   if (IsHalfDType(dtype)) {
-    std::vector<float> wide(count);
-    Widen(dtype, send, wide.data(), count);
-    int rc = MPI_Allreduce(MPI_IN_PLACE, wide.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                           comm_);
-    if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc);
-    Narrow(dtype, wide.data(), recv, count);
+    auto scratch = std::make_shared<Scratch>();
+    scratch->wide.resize(count);
+    float* wide = scratch->wide.data();
+    Widen(dtype, send, wide, count);
+    PSD_CHECK(RunMpi(how, "MPI_Allreduce", scratch, [&](MPI_Request* r) {
+      return r ? MPI_Iallreduce(MPI_IN_PLACE, wide, n, MPI_FLOAT, MPI_SUM, comm_, r)
+               : MPI_Allreduce(MPI_IN_PLACE, wide, n, MPI_FLOAT, MPI_SUM, comm_);
+    }));
+    Narrow(dtype, wide, recv, count);
     return Status::Ok();
   }
-  int rc = MPI_Allreduce(src, recv, static_cast<int>(count), ToMpiType(dtype), MPI_SUM, comm_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce", rc);
-  return Status::Ok();
+  const void* src = (send == recv) ? MPI_IN_PLACE : send;
+  const MPI_Datatype type = ToMpiType(dtype);
+  return RunMpi(how, "MPI_Allreduce", nullptr, [&](MPI_Request* r) {
+    return r ? MPI_Iallreduce(src, recv, n, type, MPI_SUM, comm_, r)
+             : MPI_Allreduce(src, recv, n, type, MPI_SUM, comm_);
+  });
 }
 
 Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType dtype,
                              const CallOptions& opts) {
   const char* call = "AllReduce";
+  const MpiWait how = WaitFor("MpiBackend::AllReduce", opts);
+  PSD_CHECK(sticky_->Check(how.call));
   Status local = CheckDType(call, dtype);
   if (local.ok()) local = CheckMemory(call, opts);
   if (local.ok()) local = CheckBuffer(call, "send", send, count);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, count);
   if (local.ok()) local = CheckFitsInt(call, count);
   if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(count),
-                                  static_cast<int64_t>(dtype), -1, 0, local}));
+    PSD_CHECK(AgreeOnArgs(
+        comm_, {call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0, local},
+        how));
   } else {
     PSD_CHECK(local);
   }
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, ShmFor(count * DTypeSize(dtype)));
-  if (shm != nullptr) return shm->AllReduce(send, recv, count, dtype);
-  return AllReduceUnchecked(send, recv, count, dtype);
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, ShmFor(count * DTypeSize(dtype), how));
+  if (shm != nullptr) {
+    return ShmResult(*shm, shm->AllReduce(send, recv, count, dtype, opts.interrupt));
+  }
+  return AllReduceUnchecked(send, recv, count, dtype, how);
 }
 
 Status MpiBackend::ReduceScatterUnchecked(const void* send, void* recv,
-                                          const std::vector<size_t>& counts, DType dtype) {
+                                          const std::vector<size_t>& counts, DType dtype,
+                                          const MpiWait& how) {
   size_t total = SumCounts(counts);
   if (total == 0) return Status::Ok();
-  std::vector<int> rc_counts = ToInts(counts);
+  auto scratch = std::make_shared<Scratch>();
+  scratch->counts = ToInts(counts);
+  const int* c = scratch->counts.data();
   size_t mine = counts[static_cast<size_t>(rank_)];
   if (IsHalfDType(dtype)) {
-    std::vector<float> wide(total);
-    std::vector<float> out(mine > 0 ? mine : 1);
-    Widen(dtype, send, wide.data(), total);
-    int rc = MPI_Reduce_scatter(wide.data(), out.data(), rc_counts.data(), MPI_FLOAT, MPI_SUM,
-                                comm_);
-    if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_scatter", rc);
-    Narrow(dtype, out.data(), recv, mine);
+    // [0, total): the widened input; [total, total + mine): the output.
+    scratch->wide.resize(total + mine);
+    float* wide = scratch->wide.data();
+    Widen(dtype, send, wide, total);
+    PSD_CHECK(RunMpi(how, "MPI_Reduce_scatter", scratch, [&](MPI_Request* r) {
+      return r ? MPI_Ireduce_scatter(wide, wide + total, c, MPI_FLOAT, MPI_SUM, comm_, r)
+               : MPI_Reduce_scatter(wide, wide + total, c, MPI_FLOAT, MPI_SUM, comm_);
+    }));
+    Narrow(dtype, wide + total, recv, mine);
     return Status::Ok();
   }
   // Open MPI wants a valid receive pointer even for an empty shard.
-  char dummy[16];
-  void* r = (recv == nullptr) ? dummy : recv;
-  int rc = MPI_Reduce_scatter(send, r, rc_counts.data(), ToMpiType(dtype), MPI_SUM, comm_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_scatter", rc);
-  return Status::Ok();
+  void* out = (recv == nullptr) ? g_empty : recv;
+  const MPI_Datatype type = ToMpiType(dtype);
+  return RunMpi(how, "MPI_Reduce_scatter", scratch, [&](MPI_Request* r) {
+    return r ? MPI_Ireduce_scatter(send, out, c, type, MPI_SUM, comm_, r)
+             : MPI_Reduce_scatter(send, out, c, type, MPI_SUM, comm_);
+  });
 }
 
 Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
                                  DType dtype, const CallOptions& opts) {
   const char* call = "ReduceScatter";
+  const MpiWait how = WaitFor("MpiBackend::ReduceScatter", opts);
+  PSD_CHECK(sticky_->Check(how.call));
   Status local = CheckDType(call, dtype);
   if (local.ok()) local = CheckMemory(call, opts);
   if (local.ok()) local = CheckCounts(call, counts, size_);
@@ -239,43 +298,56 @@ Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector
   if (local.ok()) local = CheckBuffer(call, "send", send, total);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, counts[static_cast<size_t>(rank_)]);
   if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(total), static_cast<int64_t>(dtype),
-                                  -1, HashCounts(counts), local}));
+    PSD_CHECK(AgreeOnArgs(comm_,
+                          {call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
+                           HashCounts(counts), local},
+                          how));
   } else {
     PSD_CHECK(local);
   }
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, ShmFor(total * DTypeSize(dtype)));
-  if (shm != nullptr) return shm->ReduceScatter(send, recv, counts, dtype);
-  return ReduceScatterUnchecked(send, recv, counts, dtype);
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, ShmFor(total * DTypeSize(dtype), how));
+  if (shm != nullptr) {
+    return ShmResult(*shm, shm->ReduceScatter(send, recv, counts, dtype, opts.interrupt));
+  }
+  return ReduceScatterUnchecked(send, recv, counts, dtype, how);
 }
 
 Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType dtype,
                              const CallOptions& opts) {
   const char* call = "AllGather";
+  const MpiWait how = WaitFor("MpiBackend::AllGather", opts);
+  PSD_CHECK(sticky_->Check(how.call));
   Status local = CheckDType(call, dtype);
   if (local.ok()) local = CheckMemory(call, opts);
   if (local.ok()) local = CheckBuffer(call, "send", send, count);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, count);
   if (local.ok()) local = CheckFitsInt(call, count * static_cast<size_t>(size_));
   if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(count),
-                                  static_cast<int64_t>(dtype), -1, 0, local}));
+    PSD_CHECK(AgreeOnArgs(
+        comm_, {call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0, local},
+        how));
   } else {
     PSD_CHECK(local);
   }
   if (count == 0) return Status::Ok();
   PSD_ASSIGN_OR_RETURN(ShmCollectives* shm,
-                       ShmFor(count * static_cast<size_t>(size_) * DTypeSize(dtype)));
-  if (shm != nullptr) return shm->AllGather(send, recv, count, dtype);
-  int rc = MPI_Allgather(send, static_cast<int>(count), ToMpiType(dtype), recv,
-                         static_cast<int>(count), ToMpiType(dtype), comm_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Allgather", rc);
-  return Status::Ok();
+                       ShmFor(count * static_cast<size_t>(size_) * DTypeSize(dtype), how));
+  if (shm != nullptr) {
+    return ShmResult(*shm, shm->AllGather(send, recv, count, dtype, opts.interrupt));
+  }
+  const int n = static_cast<int>(count);
+  const MPI_Datatype type = ToMpiType(dtype);
+  return RunMpi(how, "MPI_Allgather", nullptr, [&](MPI_Request* r) {
+    return r ? MPI_Iallgather(send, n, type, recv, n, type, comm_, r)
+             : MPI_Allgather(send, n, type, recv, n, type, comm_);
+  });
 }
 
 Status MpiBackend::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
                               DType dtype, const CallOptions& opts) {
   const char* call = "AllGatherV";
+  const MpiWait how = WaitFor("MpiBackend::AllGatherV", opts);
+  PSD_CHECK(sticky_->Check(how.call));
   Status local = CheckDType(call, dtype);
   if (local.ok()) local = CheckMemory(call, opts);
   if (local.ok()) local = CheckCounts(call, counts, size_);
@@ -283,25 +355,33 @@ Status MpiBackend::AllGatherV(const void* send, void* recv, const std::vector<si
   if (local.ok()) local = CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, total);
   if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(total), static_cast<int64_t>(dtype),
-                                  -1, HashCounts(counts), local}));
+    PSD_CHECK(AgreeOnArgs(comm_,
+                          {call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
+                           HashCounts(counts), local},
+                          how));
   } else {
     PSD_CHECK(local);
   }
   if (total == 0) return Status::Ok();
-  std::vector<int> c = ToInts(counts);
-  std::vector<int> d = Displacements(counts);
-  char dummy[16];
-  const void* s = send == nullptr ? dummy : send;
-  int rc = MPI_Allgatherv(s, c[static_cast<size_t>(rank_)], ToMpiType(dtype), recv, c.data(),
-                          d.data(), ToMpiType(dtype), comm_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Allgatherv", rc);
-  return Status::Ok();
+  auto scratch = std::make_shared<Scratch>();
+  scratch->counts = ToInts(counts);
+  scratch->displs = Displacements(counts);
+  const int* c = scratch->counts.data();
+  const int* d = scratch->displs.data();
+  const int mine = c[rank_];
+  const void* in = send == nullptr ? g_empty : send;
+  const MPI_Datatype type = ToMpiType(dtype);
+  return RunMpi(how, "MPI_Allgatherv", scratch, [&](MPI_Request* r) {
+    return r ? MPI_Iallgatherv(in, mine, type, recv, c, d, type, comm_, r)
+             : MPI_Allgatherv(in, mine, type, recv, c, d, type, comm_);
+  });
 }
 
 Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
                              const CallOptions& opts) {
   const char* call = "Broadcast";
+  const MpiWait how = WaitFor("MpiBackend::Broadcast", opts);
+  PSD_CHECK(sticky_->Check(how.call));
   Status local = CheckDType(call, dtype);
   if (local.ok()) local = CheckMemory(call, opts);
   if (local.ok()) local = CheckBuffer(call, "buf", buf, count);
@@ -310,18 +390,22 @@ Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
     local = InvalidArgument(call, ": root ", root, " is outside 0..", size_ - 1);
   }
   if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(comm_, {call, static_cast<int64_t>(count),
-                                  static_cast<int64_t>(dtype), root, 0, local}));
+    PSD_CHECK(AgreeOnArgs(
+        comm_, {call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0, local},
+        how));
   } else {
     PSD_CHECK(local);
   }
   if (count == 0) return Status::Ok();
-  int rc = MPI_Bcast(buf, static_cast<int>(count), ToMpiType(dtype), root, comm_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Bcast", rc);
-  return Status::Ok();
+  const int n = static_cast<int>(count);
+  const MPI_Datatype type = ToMpiType(dtype);
+  return RunMpi(how, "MPI_Bcast", nullptr, [&](MPI_Request* r) {
+    return r ? MPI_Ibcast(buf, n, type, root, comm_, r) : MPI_Bcast(buf, n, type, root, comm_);
+  });
 }
 
 Status MpiBackend::Barrier() {
+  PSD_CHECK(sticky_->Check("MpiBackend::Barrier"));
   int rc = MPI_Barrier(comm_);
   if (rc != MPI_SUCCESS) return MpiError("MPI_Barrier", rc);
   return Status::Ok();
@@ -331,22 +415,23 @@ Result<std::unique_ptr<Request>> MpiBackend::IAllReduce(const void* send, void* 
                                                         size_t count, DType dtype,
                                                         const CallOptions& opts) {
   const char* call = "IAllReduce";
+  PSD_CHECK(sticky_->Check("MpiBackend::IAllReduce"));
   PSD_CHECK(CheckDType(call, dtype));
   PSD_CHECK(CheckMemory(call, opts));
   PSD_CHECK(CheckBuffer(call, "send", send, count));
   PSD_CHECK(CheckBuffer(call, "recv", recv, count));
   PSD_CHECK(CheckFitsInt(call, count));
-  auto req = std::make_unique<MpiRequest>();
-  req->set_name("MPI_Iallreduce");
+  auto req = std::make_unique<MpiRequest>("MpiBackend::IAllReduce", sticky_);
   int rc;
   if (IsHalfDType(dtype)) {
-    auto& wide = req->scratch();
+    auto& wide = req->scratch().wide;
     wide.resize(count);
     Widen(dtype, send, wide.data(), count);
     rc = MPI_Iallreduce(MPI_IN_PLACE, wide.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                         comm_, req->handle());
-    MpiRequest* raw = req.get();
-    req->set_finish([raw, dtype, recv, count] { Narrow(dtype, raw->scratch().data(), recv, count); });
+    Scratch* scratch = &req->scratch();
+    req->set_finish(
+        [scratch, dtype, recv, count] { Narrow(dtype, scratch->wide.data(), recv, count); });
   } else {
     rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count),
                         ToMpiType(dtype), MPI_SUM, comm_, req->handle());
@@ -360,6 +445,7 @@ Result<std::unique_ptr<Request>> MpiBackend::IReduceScatter(const void* send, vo
                                                             DType dtype,
                                                             const CallOptions& opts) {
   const char* call = "IReduceScatter";
+  PSD_CHECK(sticky_->Check("MpiBackend::IReduceScatter"));
   PSD_CHECK(CheckDType(call, dtype));
   PSD_CHECK(CheckMemory(call, opts));
   PSD_CHECK(CheckCounts(call, counts, size_));
@@ -367,24 +453,22 @@ Result<std::unique_ptr<Request>> MpiBackend::IReduceScatter(const void* send, vo
   size_t mine = counts[static_cast<size_t>(rank_)];
   PSD_CHECK(CheckBuffer(call, "send", send, total));
   PSD_CHECK(CheckBuffer(call, "recv", recv, mine));
-  auto req = std::make_unique<MpiRequest>();
-  req->set_name("MPI_Ireduce_scatter");
-  std::vector<int>& c = req->counts();
+  auto req = std::make_unique<MpiRequest>("MpiBackend::IReduceScatter", sticky_);
+  std::vector<int>& c = req->scratch().counts;
   c = ToInts(counts);
   int rc;
   if (IsHalfDType(dtype)) {
-    auto& wide = req->scratch();
+    auto& wide = req->scratch().wide;
     wide.resize(total + mine);  // [0, total): widened input, [total, total + mine): output
     Widen(dtype, send, wide.data(), total);
     rc = MPI_Ireduce_scatter(wide.data(), wide.data() + total, c.data(), MPI_FLOAT, MPI_SUM,
                              comm_, req->handle());
-    MpiRequest* raw = req.get();
-    req->set_finish([raw, dtype, recv, total, mine] {
-      Narrow(dtype, raw->scratch().data() + total, recv, mine);
+    Scratch* scratch = &req->scratch();
+    req->set_finish([scratch, dtype, recv, total, mine] {
+      Narrow(dtype, scratch->wide.data() + total, recv, mine);
     });
   } else {
-    static char dummy[16];
-    rc = MPI_Ireduce_scatter(send == nullptr ? dummy : send, recv == nullptr ? dummy : recv,
+    rc = MPI_Ireduce_scatter(send == nullptr ? g_empty : send, recv == nullptr ? g_empty : recv,
                              c.data(), ToMpiType(dtype), MPI_SUM, comm_, req->handle());
   }
   if (rc != MPI_SUCCESS) return MpiError("MPI_Ireduce_scatter", rc);
@@ -395,20 +479,21 @@ Result<std::unique_ptr<Request>> MpiBackend::IAllGatherV(const void* send, void*
                                                          const std::vector<size_t>& counts,
                                                          DType dtype, const CallOptions& opts) {
   const char* call = "IAllGatherV";
+  PSD_CHECK(sticky_->Check("MpiBackend::IAllGatherV"));
   PSD_CHECK(CheckDType(call, dtype));
   PSD_CHECK(CheckMemory(call, opts));
   PSD_CHECK(CheckCounts(call, counts, size_));
   size_t total = SumCounts(counts);
   PSD_CHECK(CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]));
   PSD_CHECK(CheckBuffer(call, "recv", recv, total));
-  auto req = std::make_unique<MpiRequest>();
-  req->set_name("MPI_Iallgatherv");
-  req->counts() = ToInts(counts);
-  req->displs() = Displacements(counts);
-  static char dummy[16];
-  int rc = MPI_Iallgatherv(send == nullptr ? dummy : send, req->counts()[static_cast<size_t>(rank_)],
-                           ToMpiType(dtype), recv == nullptr ? dummy : recv, req->counts().data(),
-                           req->displs().data(), ToMpiType(dtype), comm_, req->handle());
+  auto req = std::make_unique<MpiRequest>("MpiBackend::IAllGatherV", sticky_);
+  Scratch& scratch = req->scratch();
+  scratch.counts = ToInts(counts);
+  scratch.displs = Displacements(counts);
+  int rc =
+      MPI_Iallgatherv(send == nullptr ? g_empty : send, scratch.counts[static_cast<size_t>(rank_)],
+                      ToMpiType(dtype), recv == nullptr ? g_empty : recv, scratch.counts.data(),
+                      scratch.displs.data(), ToMpiType(dtype), comm_, req->handle());
   if (rc != MPI_SUCCESS) return MpiError("MPI_Iallgatherv", rc);
   return std::unique_ptr<Request>(std::move(req));
 }

@@ -4,6 +4,15 @@
 // float32 scratch buffer, reduced in float32 and rounded once, so a P-rank sum of halves loses
 // no more than one rounding. Device memory is staged through pinned host buffers when CUDA is
 // built (the GPU path); otherwise device buffers are refused with kUnavailable.
+//
+// Deadlines: with CallOptions::interrupt set, every wait inside a call (the argument agreement,
+// the collective, the shared-memory steps) polls the interrupt: the call posts the non-blocking
+// MPI form and waits in WaitMpi (runtime/mpi_wait.h) instead of blocking in MPI. Every rank
+// must pass an interrupt or none alike (MPI never matches a blocking collective with a
+// non-blocking one). An interrupted call returns the interrupt's status
+// ("MpiBackend::AllGather: <message>") and leaves its collective to MPI, which may still write
+// the call's output buffer later: the backend then fails every later call at once with
+// kAborted naming that first failure. Without an interrupt, calls use MPI's blocking forms.
 #pragma once
 
 #include <mpi.h>
@@ -12,10 +21,12 @@
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/mpi_wait.h"
 
 namespace poseidon {
 
 class ShmCollectives;
+struct CollectiveArgs;
 
 class MpiBackend : public Backend {
  public:
@@ -50,30 +61,47 @@ class MpiBackend : public Backend {
                                                const CallOptions& opts = {}) override;
 
   MPI_Comm comm() const { return comm_; }
+  // True once a call gave up while its collective still ran: every later call fails at once.
+  bool broken() const { return sticky_->failed(); }
+
+  // The argument agreement of a blocking call (AgreeOnArgs) on this communicator, for backends
+  // that stage through this one; under an interrupt, a call abandoned here makes this backend
+  // unusable like any abandoned call.
+  Status Agree(const CollectiveArgs& args, const Interrupt* interrupt);
 
  private:
+  // How the call named `call` ("MpiBackend::AllReduce") waits, given its options.
+  MpiWait WaitFor(const char* call, const CallOptions& opts) const {
+    return MpiWait{opts.interrupt, call, sticky_.get()};
+  }
   Status CheckMemory(const char* call, const CallOptions& opts) const;
   Status ReduceScatterUnchecked(const void* send, void* recv, const std::vector<size_t>& counts,
-                                DType dtype);
-  Status AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype);
+                                DType dtype, const MpiWait& how);
+  Status AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype,
+                            const MpiWait& how);
+  // The result of a shared-memory call: a failure that left the window unusable (its peers are
+  // in an unknown state) also makes this backend unusable.
+  Status ShmResult(const ShmCollectives& shm, Status status);
   // The shared-memory collectives for a call moving `bytes` (the full buffer: count * dtype size
   // after the argument check, so every rank decides alike), or nullptr for plain MPI: below
   // POSEIDON_SHM_THRESHOLD_BYTES, or when the ranks span several nodes. Creates the window at
   // the first large call (collectively), and again when POSEIDON_SHM_CHUNK_BYTES changes; the
   // destructor frees it (collectively). Like every POSEIDON_* knob, the threshold and chunk
   // must be set alike on every rank, or ranks would take different paths.
-  Result<ShmCollectives*> ShmFor(size_t bytes);
+  // Under how.interrupt, a barrier polled under it runs first, so that the window's blocking
+  // creation starts only once every rank has arrived.
+  Result<ShmCollectives*> ShmFor(size_t bytes, const MpiWait& how);
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
   std::unique_ptr<ShmCollectives> shm_;
   bool shm_multi_node_ = false;  // learned collectively at the first large call
+  // The first abandoned call; shared with the requests this backend hands out.
+  std::shared_ptr<StickyError> sticky_ = std::make_shared<StickyError>();
 };
 
 // MPI datatype for a Poseidon dtype (half types map to 2-byte opaque units).
 MPI_Datatype ToMpiType(DType dtype);
-// "MPI_Allreduce failed: <MPI's error string>".
-Status MpiError(const char* what, int code);
 
 }  // namespace poseidon

@@ -67,12 +67,18 @@ class NcclRequest : public Request {
   }
 
   // Polls rather than cudaEventSynchronize: an operation waiting for a dead peer never
-  // finishes, and only the async-error poll (which aborts the communicator) can end it.
-  Status Wait() override {
+  // finishes, and only the async-error poll (which aborts the communicator) or the caller's
+  // interrupt can end it.
+  using Request::Wait;
+  Status Wait(const Interrupt* interrupt) override {
     auto pause = std::chrono::microseconds(20);
     while (true) {
       PSD_ASSIGN_OR_RETURN(bool done, Test());
       if (done) return Status::Ok();
+      if (interrupt != nullptr) {
+        Status s = interrupt->Check();
+        if (!s.ok()) return s.WithPrefix("NcclBackend request: ");
+      }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }

@@ -25,7 +25,8 @@
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
 // every peer's count: poll for up to 5 us when each rank has a core, then sleep on the peer's
-// word with a futex (shared, not private: the word lives in a mapping of several processes).
+// word with a futex (shared, not private: the word lives in a mapping of several processes),
+// checking the caller's interrupt, if any, at every wake.
 // Outputs of 4 MiB and more are written with streaming stores (no read-for-ownership).
 #include "runtime/shm_collectives.h"
 
@@ -288,9 +289,10 @@ volatile uint64_t* ShmCollectives::Counter(int rank) const {
 }
 
 Status ShmCollectives::CheckUsable(const char* call) const {
-  if (!broken_) return Status::Ok();
-  return AbortedError(call, ": an earlier shared-memory collective on this communicator timed "
-                      "out, so the node peers are in an unknown state; recreate the communicator");
+  if (failure_.ok()) return Status::Ok();
+  return AbortedError(call, ": an earlier shared-memory collective on this communicator failed (",
+                      failure_.ToString(),
+                      "), so the node peers are in an unknown state; recreate the communicator");
 }
 
 // The arrival word of a rank: the low 32 bits of its arrival count (a futex word; compared
@@ -312,7 +314,7 @@ inline void FutexWakeAll(uint32_t* word) {
 }
 }  // namespace
 
-Status ShmCollectives::Sync(const char* call) {
+Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
   const uint32_t target = static_cast<uint32_t>(++arrivals_);
   if (separate_model_) MPI_Win_sync(win_);
   uint32_t* mine = Word(Counter(rank_));
@@ -337,25 +339,33 @@ Status ShmCollectives::Sync(const char* call) {
       } while (!Reached(seen, target) && Seconds(spin_start) < spin_s_);
     }
     while (!Reached(seen, target)) {
-      // Sleep in the kernel until the peer's arrival changes its word (or 50 ms pass, to check
-      // the timeout).
+      // Sleep in the kernel until the peer's arrival changes its word, or 50 ms pass to check
+      // the timeout (10 ms under an interrupt, which must be seen soon after it fires).
       __atomic_fetch_add(word + 1, 1u, __ATOMIC_SEQ_CST);
       seen = __atomic_load_n(word, __ATOMIC_SEQ_CST);
-      if (!Reached(seen, target)) FutexWait(word, seen, 50000000L);
+      if (!Reached(seen, target)) FutexWait(word, seen, interrupt ? 10000000L : 50000000L);
       __atomic_fetch_sub(word + 1, 1u, __ATOMIC_SEQ_CST);
       seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-      if (!Reached(seen, target) && timeout_s_ > 0 && Seconds(start) > timeout_s_) {
+      if (Reached(seen, target)) break;
+      if (interrupt != nullptr) {
+        Status s = interrupt->Check();
+        if (!s.ok()) {
+          failure_ = s.WithPrefix(StrCat(call, ": "));
+          return failure_;
+        }
+      }
+      if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
         std::string missing;
         for (int q = 0; q < size_; ++q) {
           if (q != rank_ && !Reached(__atomic_load_n(Word(Counter(q)), __ATOMIC_ACQUIRE), target)) {
             missing += StrCat(missing.empty() ? "" : ", ", q);
           }
         }
-        broken_ = true;
-        return TimeoutError(call, ": rank ", rank_, " waited ", timeout_s_,
-                            " s (POSEIDON_SHM_TIMEOUT_S) at shared-memory step ", arrivals_,
-                            " for node ranks ", missing,
-                            "; a peer stopped calling the collective, is stuck or died");
+        failure_ = TimeoutError(call, ": rank ", rank_, " waited ", timeout_s_,
+                                " s (POSEIDON_SHM_TIMEOUT_S) at shared-memory step ", arrivals_,
+                                " for node ranks ", missing,
+                                "; a peer stopped calling the collective, is stuck or died");
+        return failure_;
       }
     }
   }
@@ -363,7 +373,8 @@ Status ShmCollectives::Sync(const char* call) {
   return Status::Ok();
 }
 
-Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DType dtype) {
+Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                                 const Interrupt* interrupt) {
   const char* call = "AllReduce";
   PSD_CHECK(CheckUsable(call));
   if (count == 0) return Status::Ok();
@@ -388,7 +399,7 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
 
   const uint64_t first = stage_;
   copy_in(0, first);
-  PSD_CHECK(Sync(call));
+  PSD_CHECK(Sync(call, interrupt));
   for (size_t k = 0; k < chunks; ++k) {
     const uint64_t stage = first + k;
     const size_t len = chunk_len(k);
@@ -401,7 +412,7 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
     ShmReduceSum(dtype, srcs.data(), size_, Slot(rank_, stage) + off * es, mine);
     // 2b: the next chunk, while slower peers still reduce this one.
     if (k + 1 < chunks) copy_in(k + 1, stage + 1);
-    PSD_CHECK(Sync(call));
+    PSD_CHECK(Sync(call, interrupt));
     // 2d: every reduced shard out of its reducer's slot.
     unsigned char* dst = out + k * per_chunk * es;
     for (int r = 0; r < size_; ++r) {
@@ -415,7 +426,8 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
 }
 
 Status ShmCollectives::ReduceScatter(const void* send, void* recv,
-                                     const std::vector<size_t>& counts, DType dtype) {
+                                     const std::vector<size_t>& counts, DType dtype,
+                                     const Interrupt* interrupt) {
   const char* call = "ReduceScatter";
   PSD_CHECK(CheckUsable(call));
   PSD_REQUIRE(counts.size() == static_cast<size_t>(size_), StatusCode::kInternal, call,
@@ -443,7 +455,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       std::memcpy(slot + static_cast<size_t>(q) * piece * es,
                   in + (off[static_cast<size_t>(q)] + k * piece) * es, len * es);
     }
-    PSD_CHECK(Sync(call));
+    PSD_CHECK(Sync(call, interrupt));
     size_t mine = piece_len(rank_, k);
     if (mine == 0) continue;  // my slice is shorter than the longest: nothing left to sum
     for (int r = 0; r < size_; ++r) {
@@ -457,7 +469,8 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
   return Status::Ok();
 }
 
-Status ShmCollectives::AllGather(const void* send, void* recv, size_t count, DType dtype) {
+Status ShmCollectives::AllGather(const void* send, void* recv, size_t count, DType dtype,
+                                 const Interrupt* interrupt) {
   const char* call = "AllGather";
   PSD_CHECK(CheckUsable(call));
   if (count == 0) return Status::Ok();
@@ -475,7 +488,7 @@ Status ShmCollectives::AllGather(const void* send, void* recv, size_t count, DTy
     const uint64_t stage = stage_ + k;
     const size_t start = k * per_round, len = std::min(per_round, count - start);
     std::memcpy(Slot(rank_, stage), in + start * es, len * es);
-    PSD_CHECK(Sync(call));
+    PSD_CHECK(Sync(call, interrupt));
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       CopyOut(out + (static_cast<size_t>(r) * count + start) * es, Slot(r, stage), len * es,

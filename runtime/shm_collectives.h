@@ -15,7 +15,9 @@
 // of its own; otherwise (and after the spin) it sleeps on the peer's counter with a futex that
 // the peer wakes when it arrives, so 8 ranks on 2 cores never burn the cores their peers need.
 // A wait longer than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window
-// unusable.
+// unusable. A call given an Interrupt checks it at every wake (the futex sleep is then cut to
+// 10 ms) and, when it turns non-OK, returns its status ("AllReduce: <message>") and marks the
+// window unusable as well: the peers are left mid-collective, in an unknown state.
 //
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
 // (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
@@ -31,6 +33,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/backend.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 
@@ -52,12 +55,17 @@ class ShmCollectives {
 
   // Same contracts as Backend::AllReduce / ReduceScatter / AllGather on host memory; the
   // arguments must already be validated and agreed across ranks (the backend does that).
-  // AllReduce may run in place (send == recv).
-  Status AllReduce(const void* send, void* recv, size_t count, DType dtype);
-  Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
-                       DType dtype);
-  Status AllGather(const void* send, void* recv, size_t count, DType dtype);
+  // AllReduce may run in place (send == recv). interrupt (may be null) is polled while waiting
+  // for peers; see the top of this file.
+  Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                   const Interrupt* interrupt = nullptr);
+  Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
+                       const Interrupt* interrupt = nullptr);
+  Status AllGather(const void* send, void* recv, size_t count, DType dtype,
+                   const Interrupt* interrupt = nullptr);
 
+  // True once a call timed out or was interrupted: every later call fails with kAborted.
+  bool broken() const { return !failure_.ok(); }
   size_t chunk_bytes() const { return chunk_bytes_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -68,7 +76,7 @@ class ShmCollectives {
   unsigned char* Slot(int rank, uint64_t stage) const;
   volatile uint64_t* Counter(int rank) const;
   // Waits until every rank has reached this rank's next arrival; call names the collective.
-  Status Sync(const char* call);
+  Status Sync(const char* call, const Interrupt* interrupt);
   Status CheckUsable(const char* call) const;
 
   MPI_Comm local_ = MPI_COMM_NULL;
@@ -84,7 +92,7 @@ class ShmCollectives {
   std::vector<unsigned char*> bases_;  // every rank's segment, mapped here
   uint64_t arrivals_ = 0;              // Sync() calls made so far (same on every rank)
   uint64_t stage_ = 0;                 // pipeline rounds run so far (same on every rank)
-  bool broken_ = false;                // a Sync timed out: peers are in an unknown state
+  Status failure_;  // the Sync that timed out or was interrupted: peers in an unknown state
 };
 
 // dst[i] = srcs[0][i] + srcs[1][i] + ... + srcs[n-1][i], summed in that order; float16 /

@@ -18,8 +18,15 @@ struct StagedBackend::InFlight {
 namespace {
 
 // The host collective a staged call runs: this backend has already agreed on the arguments
-// across ranks (or its caller has), so the host backend skips its own agreement round.
-const CallOptions kStagedHostCall{MemoryKind::kHost, nullptr, /*agreed=*/true};
+// across ranks (or its caller has), so the host backend skips its own agreement round; the
+// caller's interrupt bounds the host backend's waits.
+CallOptions HostCall(const CallOptions& opts) {
+  CallOptions host;
+  host.memory = MemoryKind::kHost;
+  host.agreed = true;
+  host.interrupt = opts.interrupt;
+  return host;
+}
 
 cudaStream_t ToStream(const CallOptions& opts) { return static_cast<cudaStream_t>(opts.stream); }
 
@@ -33,6 +40,10 @@ Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
 
 
 unsigned char* At(void* base, size_t bytes) { return static_cast<unsigned char*>(base) + bytes; }
+
+// A pinned buffer that a host collective which gave up may still write (MPI cannot cancel a
+// posted collective): it must never return to the pool, so it is leaked on purpose.
+void LeakForever(PinnedPool::Buffer buf) { (void)new PinnedPool::Buffer(std::move(buf)); }
 
 // Completes a host request, then enqueues the copy of its result back to the device.
 class StagedRequest : public Request {
@@ -62,10 +73,17 @@ class StagedRequest : public Request {
     return true;
   }
 
-  Status Wait() override {
+  using Request::Wait;
+  Status Wait(const Interrupt* interrupt) override {
     if (copied_) return Status::Ok();
     PSD_CHECK(error_);
-    PSD_CHECK(host_->Wait());
+    Status waited = host_->Wait(interrupt);
+    if (!waited.ok()) {
+      // The host request may be abandoned with MPI still writing into the buffer.
+      error_ = waited;
+      LeakForever(std::move(buf_));
+      return waited;
+    }
     return CopyBack();
   }
 
@@ -97,7 +115,8 @@ class StagedRequest : public Request {
 class DoneRequest : public Request {
  public:
   Result<bool> Test() override { return true; }
-  Status Wait() override { return Status::Ok(); }
+  using Request::Wait;
+  Status Wait(const Interrupt*) override { return Status::Ok(); }
 };
 
 }  // namespace
@@ -132,10 +151,15 @@ void StagedBackend::Reap() {
 }
 
 Status StagedBackend::Agree(const char* call, int64_t count, DType dtype, int64_t root,
-                            uint64_t layout_hash, Status local) {
+                            uint64_t layout_hash, Status local, const Interrupt* interrupt) {
   if (!settings::CheckArgs()) return local;
-  return AgreeOnArgs(host_->comm(), {call, count, static_cast<int64_t>(dtype), root, layout_hash,
-                                     std::move(local)});
+  return host_->Agree(
+      {call, count, static_cast<int64_t>(dtype), root, layout_hash, std::move(local)}, interrupt);
+}
+
+Status StagedBackend::HostResult(Status status, PinnedPool::Buffer& buf) {
+  if (!status.ok() && host_->broken()) LeakForever(std::move(buf));
+  return status;
 }
 
 Status StagedBackend::StageIn(const void* dev, void* host, size_t bytes, cudaStream_t stream) {
@@ -175,9 +199,11 @@ Status StagedBackend::AllReduce(const void* send, void* recv, size_t count, DTyp
   }
   if (local.ok()) local = StageIn(send, buf.data(), bytes, ToStream(opts));
   PSD_CHECK(opts.agreed ? local
-                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
+                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local),
+                                opts.interrupt));
   if (count == 0) return Status::Ok();
-  PSD_CHECK(host_->AllReduce(buf.data(), buf.data(), count, dtype, kStagedHostCall));
+  PSD_CHECK(
+      HostResult(host_->AllReduce(buf.data(), buf.data(), count, dtype, HostCall(opts)), buf));
   void* h = buf.data();
   return StageOut(recv, h, bytes, ToStream(opts), std::move(buf));
 }
@@ -200,12 +226,14 @@ Status StagedBackend::ReduceScatter(const void* send, void* recv, const std::vec
     if (local.ok()) buf = std::move(*b);
   }
   if (local.ok()) local = StageIn(send, buf.data(), total * es, ToStream(opts));
-  PSD_CHECK(opts.agreed ? local
-                        : Agree(call, static_cast<int64_t>(total), dtype, -1,
-                                local.ok() ? HashCounts(counts) : 0, std::move(local)));
+  PSD_CHECK(opts.agreed
+                ? local
+                : Agree(call, static_cast<int64_t>(total), dtype, -1,
+                        local.ok() ? HashCounts(counts) : 0, std::move(local), opts.interrupt));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), total * es);
-  PSD_CHECK(host_->ReduceScatter(buf.data(), h_out, counts, dtype, kStagedHostCall));
+  PSD_CHECK(
+      HostResult(host_->ReduceScatter(buf.data(), h_out, counts, dtype, HostCall(opts)), buf));
   return StageOut(recv, h_out, mine * es, ToStream(opts), std::move(buf));
 }
 
@@ -227,10 +255,11 @@ Status StagedBackend::AllGather(const void* send, void* recv, size_t count, DTyp
   }
   if (local.ok()) local = StageIn(send, buf.data(), bytes, ToStream(opts));
   PSD_CHECK(opts.agreed ? local
-                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
+                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local),
+                                opts.interrupt));
   if (count == 0) return Status::Ok();
   void* h_out = At(buf.data(), bytes);
-  PSD_CHECK(host_->AllGather(buf.data(), h_out, count, dtype, kStagedHostCall));
+  PSD_CHECK(HostResult(host_->AllGather(buf.data(), h_out, count, dtype, HostCall(opts)), buf));
   return StageOut(recv, h_out, all, ToStream(opts), std::move(buf));
 }
 
@@ -252,12 +281,13 @@ Status StagedBackend::AllGatherV(const void* send, void* recv, const std::vector
     if (local.ok()) buf = std::move(*b);
   }
   if (local.ok()) local = StageIn(send, buf.data(), mine * es, ToStream(opts));
-  PSD_CHECK(opts.agreed ? local
-                        : Agree(call, static_cast<int64_t>(total), dtype, -1,
-                                local.ok() ? HashCounts(counts) : 0, std::move(local)));
+  PSD_CHECK(opts.agreed
+                ? local
+                : Agree(call, static_cast<int64_t>(total), dtype, -1,
+                        local.ok() ? HashCounts(counts) : 0, std::move(local), opts.interrupt));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), mine * es);
-  PSD_CHECK(host_->AllGatherV(buf.data(), h_out, counts, dtype, kStagedHostCall));
+  PSD_CHECK(HostResult(host_->AllGatherV(buf.data(), h_out, counts, dtype, HostCall(opts)), buf));
   return StageOut(recv, h_out, total * es, ToStream(opts), std::move(buf));
 }
 
@@ -278,11 +308,11 @@ Status StagedBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
     if (local.ok()) h = std::move(*b);
   }
   if (local.ok() && rank() == root) local = StageIn(buf, h.data(), bytes, ToStream(opts));
-  PSD_CHECK(opts.agreed
-                ? local
-                : Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local)));
+  PSD_CHECK(opts.agreed ? local
+                        : Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local),
+                                opts.interrupt));
   if (count == 0) return Status::Ok();
-  PSD_CHECK(host_->Broadcast(h.data(), count, dtype, root, kStagedHostCall));
+  PSD_CHECK(HostResult(host_->Broadcast(h.data(), count, dtype, root, HostCall(opts)), h));
   if (rank() == root) return Status::Ok();  // the root's device buffer already holds the data
   void* p = h.data();
   return StageOut(buf, p, bytes, ToStream(opts), std::move(h));
@@ -302,8 +332,8 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllReduce(const void* send, voi
   if (count == 0) return std::unique_ptr<Request>(new DoneRequest());
   PSD_ASSIGN_OR_RETURN(PinnedPool::Buffer buf, pool_->Acquire(bytes));
   PSD_CHECK(StageIn(send, buf.data(), bytes, ToStream(opts)));
-  PSD_ASSIGN_OR_RETURN(auto host_req, host_->IAllReduce(buf.data(), buf.data(), count, dtype,
-                                                        kStagedHostCall));
+  PSD_ASSIGN_OR_RETURN(auto host_req,
+                       host_->IAllReduce(buf.data(), buf.data(), count, dtype, HostCall(opts)));
   PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
   return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv, 0,
                                                     bytes, ToStream(opts), std::move(ev)));
@@ -325,9 +355,8 @@ Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send,
   if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
   PSD_ASSIGN_OR_RETURN(PinnedPool::Buffer buf, pool_->Acquire((total + mine) * es));
   PSD_CHECK(StageIn(send, buf.data(), total * es, ToStream(opts)));
-  PSD_ASSIGN_OR_RETURN(auto host_req,
-                       host_->IReduceScatter(buf.data(), At(buf.data(), total * es), counts, dtype,
-                                             kStagedHostCall));
+  PSD_ASSIGN_OR_RETURN(auto host_req, host_->IReduceScatter(buf.data(), At(buf.data(), total * es),
+                                                            counts, dtype, HostCall(opts)));
   PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
   return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv,
                                                     total * es, mine * es, ToStream(opts),
@@ -349,9 +378,8 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllGatherV(const void* send, vo
   if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
   PSD_ASSIGN_OR_RETURN(PinnedPool::Buffer buf, pool_->Acquire((mine + total) * es));
   PSD_CHECK(StageIn(send, buf.data(), mine * es, ToStream(opts)));
-  PSD_ASSIGN_OR_RETURN(auto host_req,
-                       host_->IAllGatherV(buf.data(), At(buf.data(), mine * es), counts, dtype,
-                                          kStagedHostCall));
+  PSD_ASSIGN_OR_RETURN(auto host_req, host_->IAllGatherV(buf.data(), At(buf.data(), mine * es),
+                                                         counts, dtype, HostCall(opts)));
   PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
   return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv,
                                                     mine * es, total * es, ToStream(opts),

@@ -69,7 +69,11 @@ class StagedBackend : public Backend {
   // Agreement across ranks on a blocking call's arguments and on this rank's local status
   // (which includes the staging copy), when POSEIDON_CHECK_ARGS is on.
   Status Agree(const char* call, int64_t count, DType dtype, int64_t root, uint64_t layout_hash,
-               Status local);
+               Status local, const Interrupt* interrupt);
+  // A blocking host call's status; when the call gave up with its collective still running
+  // (the host backend is then broken), the pinned buffer MPI may still write is leaked on
+  // purpose instead of returning to the pool. Leaves `buf` alone otherwise.
+  Status HostResult(Status status, PinnedPool::Buffer& buf);
   // Copies device -> pinned host on the stream and waits for it.
   Status StageIn(const void* dev, void* host, size_t bytes, cudaStream_t stream);
   // Copies pinned host -> device on the stream and keeps `buf` alive until that copy is done.
