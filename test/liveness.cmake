@@ -1,11 +1,11 @@
 # Peer liveness (engine/liveness.h) and its heartbeat transport, under mpirun.
 add_executable(liveness_test engine/liveness_test.cc)
 target_link_libraries(liveness_test PRIVATE poseidon_engine poseidon_mpi_test_main)
-# Under ThreadSanitizer, Open MPI's own internals are suppressed (see engine/liveness_tsan.supp).
+# Under ThreadSanitizer, Open MPI's own internals are suppressed (see engine/tsan.supp).
 set(_psd_liveness_env POSEIDON_LOG_LEVEL=warn)
 if(POSEIDON_SANITIZE STREQUAL "thread")
   list(APPEND _psd_liveness_env
-       "TSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/engine/liveness_tsan.supp second_deadlock_stack=1")
+       "TSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/engine/tsan.supp second_deadlock_stack=1")
 endif()
 psd_add_mpi_test(liveness_test NP 2 3 4 TIMEOUT 60 LABELS "engine;liveness"
                  ENV ${_psd_liveness_env})
