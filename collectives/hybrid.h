@@ -138,14 +138,6 @@ class HybridCollective {
   // can fail on one rank mid-run. Local.
   Status ReserveFusion(size_t bytes);
 
-  // For the engine, which sums dense allreduce layers itself (fusion buffer, chunks): buffers.grad
-  // holds the sum over ranks of layer `id` (planned allreduce); applies the 1/P average or,
-  // with an optimizer, the step on buffers.params with the average fused in: bitwise what
-  // Exchange would have produced. Local (no communication); does not count traffic (AddTraffic).
-  Status FinishDenseSum(int id, const ExchangeBuffers& buffers, int64_t step);
-  // Counts one exchange of layer `id` that ran outside Exchange (fused or chunked by the
-  // engine): bytes_sent on the wire per rank, dense_bytes what a dense allreduce would send.
-  void AddTraffic(int id, double bytes_sent, double dense_bytes);
 
   // The stream the strategies' kernels and device collectives are ordered on (device memory;
   // null: the default stream). The engine sets its own; set it only while no exchange runs.
@@ -173,6 +165,14 @@ class HybridCollective {
  private:
   HybridCollective() = default;
   Status CheckId(const char* call, int id) const;
+  // ExchangeDense's tail for a layer it summed (fusion buffer, slices, chunks): buffers.grad
+  // holds the sum over ranks of layer `id` (planned allreduce); applies the 1/P average or,
+  // with an optimizer, the step on buffers.params with the average fused in: bitwise what
+  // Exchange would have produced. Local (no communication); does not count traffic (AddTraffic).
+  Status FinishDenseSum(int id, const ExchangeBuffers& buffers, int64_t step);
+  // Counts one exchange of layer `id` that ran outside Exchange (fused or chunked by the
+  // engine): bytes_sent on the wire per rank, dense_bytes what a dense allreduce would send.
+  void AddTraffic(int id, double bytes_sent, double dense_bytes);
   // The layer's state for its planned strategy, made on first use.
   Result<LayerState*> StateFor(int id);
 

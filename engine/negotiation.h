@@ -1,7 +1,7 @@
 // Negotiation: how the engine threads of all ranks agree, each cycle, on what to run.
 //
 // Each cycle every rank's engine thread contributes one small vector of 64-bit words and the
-// ranks reduce it with a single MPI_Allreduce(MPI_BOR):
+// ranks reduce it with a single bitwise-OR allreduce (Controller, over the control channel):
 //   1. ready mask      bit L set when this rank has a submission of layer L waiting;
 //   2. its complement  ~mask, so that OR(~mask) = ~AND(mask): one bitwise-OR reduction yields
 //                      both the layers ready somewhere (OR) and ready everywhere (AND);

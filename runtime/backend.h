@@ -44,6 +44,8 @@ struct CallOptions {
   bool agreed = false;
   // Non-null: every wait inside the call polls it (see Interrupt), so the call never blocks
   // past the moment it reports a lost peer or a deadline. Null: MPI's own blocking waits.
+  // Every rank must pass one, or none: the polled form uses MPI's non-blocking collectives,
+  // which never match a peer's blocking one.
   const Interrupt* interrupt = nullptr;
 };
 
