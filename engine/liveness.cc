@@ -227,9 +227,11 @@ void Liveness::Run() {
         DeclareLost(lost);
       }
     }
-    // 4. Sleep.
+    // 4. Sleep. The next wake-up counts from `now`, not from the end of this iteration, so that
+    // a stall after `now` (this process stopped or starved mid-iteration) makes the next
+    // iteration late and is forgiven there (step 0); the iteration's own work is microseconds.
     std::unique_lock<std::mutex> lock(thread_mu_);
-    wake_at = std::min(next_beat, Clock::now() + tick);
+    wake_at = std::min(next_beat, now + tick);
     if (wake_.wait_until(lock, wake_at, [this] { return stop_; })) break;
   }
   if (transport.ok()) SendLeaving(seq + 1, peer_left);
@@ -248,10 +250,21 @@ void Liveness::SendLeaving(uint64_t seq, const std::vector<char>& peer_left) {
     }
   };
   wait_sends(Clock::now() + (deadline - Clock::now()) / 2);
-  for (size_t p = 0; p < peer_left.size(); ++p) {
-    if (peer_left[p]) continue;
-    Result<bool> sent = channel_->Send(static_cast<int>(p), seq, true);
-    if (!sent.ok()) return;  // the job is failing anyway; peers will see silence
+  // Send skips a peer whose previous beat is still in flight; retry it until the budget runs
+  // out, since a live peer that never gets the leaving beat would declare this rank lost.
+  std::vector<char> pending(peer_left.size());
+  for (size_t p = 0; p < peer_left.size(); ++p) pending[p] = !peer_left[p];
+  while (true) {
+    bool any = false;
+    for (size_t p = 0; p < pending.size(); ++p) {
+      if (!pending[p]) continue;
+      Result<bool> sent = channel_->Send(static_cast<int>(p), seq, true);
+      if (!sent.ok()) return;  // the job is failing anyway; peers will see silence
+      pending[p] = !*sent;
+      any = any || pending[p];
+    }
+    if (!any || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   wait_sends(deadline);
 }

@@ -87,6 +87,26 @@ LivenessOptions Options(double timeout_s, bool abort_on_loss, double grace_s) {
   return o;
 }
 
+// Leave() spends ~100 ms getting the leaving beat out; the bound only tells "returns" from
+// "waits on a peer". It leaves room for a loaded 2-core machine, where a whole-machine stall of
+// ~0.6 s was seen to push Leave() to 0.7 s on every rank of two concurrent jobs at once.
+constexpr double kLeaveBoundS = 2.0;
+
+// The test main prints only rank 0's results; this prints any other rank's failures, so that a
+// "rank N: tests failed" line comes with its assertion.
+class OtherRankFailurePrinter : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed() || Rank() == 0) return;
+    std::fprintf(stderr, "liveness_test: rank %d: %s:%d: Failure\n%s\n", Rank(),
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    std::fflush(stderr);
+  }
+};
+const bool kPrinterAdded = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new OtherRankFailurePrinter);
+  return true;
+}();
+
 #define SKIP_UNLESS_THREAD_MULTIPLE() \
   if (!ThreadMultiple()) GTEST_SKIP() << "MPI below MPI_THREAD_MULTIPLE: liveness is inert"
 
@@ -203,7 +223,7 @@ TEST(LivenessTest, LivePeersAreNeverLostEvenWhileTheirMainThreadSleeps) {
 
   const Clock::time_point leave = Clock::now();
   l.Leave();
-  EXPECT_LT(SecondsSince(leave), 0.5);
+  EXPECT_LT(SecondsSince(leave), kLeaveBoundS);
   l.Leave();  // idempotent
   made->reset();
   EXPECT_EQ(calls.load(), 0);
@@ -223,7 +243,7 @@ TEST(LivenessTest, PeerThatLeavesIsNotLost) {
   if (Rank() == leaver) {
     const Clock::time_point leave = Clock::now();
     l.Leave();
-    EXPECT_LT(SecondsSince(leave), 0.5);
+    EXPECT_LT(SecondsSince(leave), kLeaveBoundS);
   }
   const Clock::time_point t0 = Clock::now();
   while (SecondsSince(t0) < 1.5) {  // three timeouts
