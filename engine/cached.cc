@@ -55,12 +55,7 @@ bool Engine::CachedCycle() {
     }
     bool deviates = false, complete = true;
     for (int l = 0; l < num_layers_ && !deviates; ++l) {
-      if (queues_[static_cast<size_t>(l)].empty()) continue;
-      bool in_schedule = false;
-      for (const auto& o : schedule_) {
-        in_schedule = in_schedule || std::find(o.layers.begin(), o.layers.end(), l) != o.layers.end();
-      }
-      deviates = !in_schedule;
+      deviates = !queues_[static_cast<size_t>(l)].empty() && !in_schedule_[static_cast<size_t>(l)];
     }
     for (size_t i = 0; i < op.layers.size() && !deviates; ++i) {
       const auto& q = queues_[static_cast<size_t>(op.layers[i])];

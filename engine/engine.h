@@ -266,6 +266,7 @@ class Engine {
   engine::ScheduleRecorder recorder_;
   bool cached_ = false;  // in cached mode
   std::vector<engine::CachedOp> schedule_;
+  std::vector<bool> in_schedule_;  // per layer: appears in schedule_ (set on entering the cache)
   size_t next_op_ = 0;
   double patience_s_ = 1.0;  // how long a cached op waits for its layers before bailing
   bool switch_to_cache_ = false;  // set by RunReady, taken at the end of the cycle

@@ -196,6 +196,10 @@ bool Engine::Cycle() {
     // no round in flight (RunReady did not post one).
     switch_to_cache_ = false;
     cached_ = true;
+    in_schedule_.assign(static_cast<size_t>(num_layers_), false);
+    for (const auto& op : schedule_) {
+      for (int l : op.layers) in_schedule_[static_cast<size_t>(l)] = true;
+    }
   }
   return true;
 }

@@ -1,10 +1,9 @@
 #include "runtime/control_channel.h"
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "runtime/mpi_backend.h"
+#include "runtime/mpi_wait.h"
 
 namespace poseidon {
 
@@ -64,26 +63,10 @@ void ControlChannel::AbandonOr() {
 }
 
 Status ControlChannel::Wait(MPI_Request* req, const Interrupt* interrupt, const char* call) {
-  long long sleep_us = 0;
-  for (int polls = 0;; ++polls) {
-    int done = 0;
-    int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return MpiError(call, rc);
-    if (done) return Status::Ok();
-    if (interrupt != nullptr) {
-      Status s = interrupt->Check();
-      if (!s.ok()) {
-        abandoned_ = true;  // MPI keeps the request and the buffers it writes
-        return s.WithPrefix(StrCat("ControlChannel::", call, ": "));
-      }
-    }
-    if (polls < 16) {
-      std::this_thread::yield();
-      continue;
-    }
-    sleep_us = std::min<long long>(std::max<long long>(2 * sleep_us, 10), 500);
-    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-  }
+  Status s = WaitMpi(req, interrupt, StrCat("ControlChannel::", call).c_str());
+  // An interrupted wait leaves the request to MPI (a lost peer never completes it).
+  if (!s.ok() && *req != MPI_REQUEST_NULL) abandoned_ = true;
+  return s;
 }
 
 Result<std::vector<std::string>> ControlChannel::AllGather(const std::string& mine,

@@ -784,18 +784,28 @@ TEST(Engine, ResponseCacheSkipsNegotiationInSteadyState) {
   EXPECT_TRUE(engine->Shutdown().ok());
 }
 
+// An engine that has run 12 steps of `sizes` and entered the response cache.
+std::unique_ptr<Engine> CachedEngine(HybridCollective* hc, const std::vector<size_t>& sizes,
+                                     double stall_abort_s, std::vector<std::vector<float>>* g) {
+  EngineOptions o = Options(1 << 20, 0);
+  o.fusion_wait_us = 2000;
+  o.stall_abort_s = stall_abort_s;
+  auto engine = MakeEngine(hc, o);
+  if (engine == nullptr) return nullptr;
+  g->assign(sizes.size(), {});
+  RunCachedSteps(engine.get(), sizes, 0, 12, g);
+  EXPECT_GT(engine->stats().cached_ops, 0);
+  return engine;
+}
+
 TEST(Engine, ResponseCacheCatchesADeviationWithinTheStep) {
   const int P = World()->size(), me = World()->rank();
   if (P < 2) GTEST_SKIP() << "needs two ranks";
   const std::vector<size_t> sizes = {16, 32, 7};
   auto hc = MakeCollective(sizes);
-  EngineOptions o = Options(1 << 20, 0);
-  o.fusion_wait_us = 2000;
-  auto engine = MakeEngine(hc.get(), o);
+  std::vector<std::vector<float>> g;
+  auto engine = CachedEngine(hc.get(), sizes, 20, &g);
   ASSERT_NE(engine, nullptr);
-  std::vector<std::vector<float>> g(sizes.size());
-  RunCachedSteps(engine.get(), sizes, 0, 12, &g);
-  ASSERT_GT(engine->stats().cached_ops, 0);
   // The last rank hands over a different size for layer 1: every rank fails with kMismatch
   // naming it, within the step.
   auto start = Clock::now();
@@ -815,14 +825,9 @@ TEST(Engine, ResponseCacheSkippedLayerStallsInsteadOfHanging) {
   if (P < 2) GTEST_SKIP() << "needs two ranks";
   const std::vector<size_t> sizes = {16, 32};
   auto hc = MakeCollective(sizes);
-  EngineOptions o = Options(1 << 20, 0);
-  o.fusion_wait_us = 2000;
-  o.stall_abort_s = 1.0;
-  auto engine = MakeEngine(hc.get(), o);
+  std::vector<std::vector<float>> g;
+  auto engine = CachedEngine(hc.get(), sizes, 1.0, &g);
   ASSERT_NE(engine, nullptr);
-  std::vector<std::vector<float>> g(sizes.size());
-  RunCachedSteps(engine.get(), sizes, 0, 12, &g);
-  ASSERT_GT(engine->stats().cached_ops, 0);
   // The last rank never submits layer 0 in step 12 (a parameter unused there).
   auto start = Clock::now();
   g[1] = Grad(sizes[1], me, 12);
