@@ -24,18 +24,25 @@
 //     same parameters on every rank, and a difference means the exchange is broken.
 //  7. --compare-to-dense trains the dense baseline first, from the same seed, and checks that
 //     the chosen exchange reaches its held-out accuracy within --compare-tolerance.
+//  8. Testing aids for the liveness drills (test/drill.cmake, scripts/drill-frozen-rank.sh):
+//     --stop-rank freezes one rank's process (SIGSTOP) and --sleep-rank puts one rank's training
+//     thread to sleep, each mid-step of the chosen iteration (FaultAt below).
 #include <cblas.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "collectives/cost_model.h"
@@ -108,6 +115,46 @@ class BatchSampler {
   int64_t epoch_ = 0;
   size_t pos_ = 0;
 };
+
+// The testing aids' fault for this rank at iteration `it` (1-based), or nullptr for none. It
+// runs mid-step: in engine mode right after the first after_backward hook submitted its layer
+// (the engine holds that gradient, so the peers are, or soon will be, waiting in this step's
+// exchange); otherwise after the backward pass, before the exchange. The line on stderr comes
+// first, with the wall-clock time, so a drill can measure from the fault to the job's end.
+std::function<void()> FaultAt(const TrainerOptions& opt, int rank, int64_t it) {
+  const auto now_s = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  if (rank == opt.stop_rank && it == opt.stop_at_iter) {
+    return [rank, it, now_s] {
+      std::fprintf(stderr,
+                   "poseidon_mlp: rank %d stops itself (SIGSTOP) at iteration %lld, mid-step, "
+                   "at %.3f (testing aid --stop-rank)\n",
+                   rank, static_cast<long long>(it), now_s());
+      std::fflush(stderr);
+      std::raise(SIGSTOP);
+      // Reached only if someone sends SIGCONT (the job was not ended): say so.
+      std::fprintf(stderr, "poseidon_mlp: rank %d continued after SIGSTOP at %.3f\n", rank,
+                   now_s());
+      std::fflush(stderr);
+    };
+  }
+  if (rank == opt.sleep_rank && it == opt.sleep_at_iter) {
+    const double s = *opt.sleep_s;
+    return [rank, it, s, now_s] {
+      std::fprintf(stderr,
+                   "poseidon_mlp: rank %d's training thread sleeps %.3g s at iteration %lld, "
+                   "mid-step, at %.3f (testing aid --sleep-rank)\n",
+                   rank, s, static_cast<long long>(it), now_s());
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::duration<double>(s));
+      std::fprintf(stderr, "poseidon_mlp: rank %d wakes at %.3f\n", rank, now_s());
+      std::fflush(stderr);
+    };
+  }
+  return nullptr;
+}
 
 enum class Mode { kEngine, kSync, kDense };
 
@@ -206,8 +253,11 @@ Result<RunResult> TrainOnce(const TrainerOptions& opt, Mode mode,
       yb[i] = train.y[s];
     }
     const int64_t step = it - 1;  // Poseidon counts steps from 0 (top-k warm-up)
+    // Testing aids act in the reported run only (not in --compare-to-dense's reference).
+    const std::function<void()> fault = verbose ? FaultAt(opt, rank, it) : nullptr;
     if (mode == Mode::kDense) {
       PSD_CHECK(model.ForwardBackward(xb.data(), yb.data(), k, &window));
+      if (fault) fault();
       // One fused buffer holding every layer's gradient, summed in place.
       const Clock::time_point t0 = Clock::now();
       Status st = comm->host_backend().AllReduce(model.grads(), model.grads(), n, DType::kFloat32);
@@ -220,8 +270,21 @@ Result<RunResult> TrainOnce(const TrainerOptions& opt, Mode mode,
     } else {
       // Engine: the hooks submit each layer after its backward step and wait for it before its
       // next forward. Synchronous: no hooks, every layer exchanged after the backward pass.
-      const StepHooks hooks = exchange->Hooks(step);
+      StepHooks hooks = exchange->Hooks(step);
+      if (fault && hooks.after_backward) {
+        // The first layer handed over this step (the last layer: backward runs top down).
+        hooks.after_backward = [submit = std::move(hooks.after_backward), &fault,
+                                fired = false](int l) mutable {
+          Status st = submit(l);
+          if (!fired) {
+            fired = true;
+            fault();
+          }
+          return st;
+        };
+      }
       PSD_CHECK(model.ForwardBackward(xb.data(), yb.data(), k, &window, &hooks));
+      if (fault && !exchange->uses_engine()) fault();
       if (!exchange->uses_engine()) PSD_CHECK(exchange->ExchangeAll(step));
     }
     ++window_iters;
@@ -286,9 +349,10 @@ Result<RunResult> TrainOnce(const TrainerOptions& opt, Mode mode,
     if (exchange && verbose && exchange->uses_engine()) {
       const EngineStats st = exchange->engine_stats();
       std::printf(
-          "engine  : %lld exchanges completed in %lld cycles (%lld through strategies, %lld "
-          "fused groups)\n",
+          "engine  : %lld exchanges completed in %lld negotiated cycles and %lld cached ops "
+          "(%lld cache exits; %lld through strategies, %lld fused groups)\n",
           static_cast<long long>(st.completed), static_cast<long long>(st.cycles),
+          static_cast<long long>(st.cached_ops), static_cast<long long>(st.cache_exits),
           static_cast<long long>(st.strategy_layers), static_cast<long long>(st.fused_groups));
     }
     std::fflush(stdout);
@@ -438,17 +502,21 @@ int Run(int argc, char** argv) {
   // Checks that need the world size, still made identically on every rank.
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (opt->samples < world || opt->corrupt_rank >= world) {
-    if (rank == 0) {
-      std::fprintf(stderr, "poseidon_mlp: InvalidArgument: %s\n",
-                   opt->samples < world
-                       ? StrCat("--samples: got ", opt->samples, " with ", world,
-                                " ranks; expected at least one training sample per rank")
-                             .c_str()
-                       : StrCat("--corrupt-rank: got ", opt->corrupt_rank, " with ", world,
-                                " ranks; expected a rank in [0, ", world, ")")
-                             .c_str());
+  std::string world_error;
+  if (opt->samples < world) {
+    world_error = StrCat("--samples: got ", opt->samples, " with ", world,
+                         " ranks; expected at least one training sample per rank");
+  }
+  for (const auto& [flag, r] : {std::pair<const char*, int>{"--corrupt-rank", opt->corrupt_rank},
+                                {"--stop-rank", opt->stop_rank},
+                                {"--sleep-rank", opt->sleep_rank}}) {
+    if (world_error.empty() && r >= world) {
+      world_error =
+          StrCat(flag, ": got ", r, " with ", world, " ranks; expected a rank in [0, ", world, ")");
     }
+  }
+  if (!world_error.empty()) {
+    if (rank == 0) std::fprintf(stderr, "poseidon_mlp: InvalidArgument: %s\n", world_error.c_str());
     return 2;
   }
   // Ranks share cores; BLAS threads on top of MPI ranks would only oversubscribe them further.

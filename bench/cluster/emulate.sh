@@ -17,12 +17,23 @@
 #  5. Scaling efficiency = throughput(P) / (P x throughput(1)) per mode; the table and the run's
 #     conditions go to bench/RESULTS.md ("Emulated cluster") through bench/cluster/report.py.
 #
+# Fault drill (--cut-host I --cut-after S): instead of the sweep, only the hybrid-overlap mode at
+# the largest P of --hosts, with POSEIDON_PEER_TIMEOUT_S=5 (the caller's grace, default 2 s);
+# S seconds after its launch, host nI's link goes down inside its namespace (`ip link set eth0
+# down`: packets vanish, no connection is reset, as when a cable is pulled). Within timeout +
+# grace + 8 s of the cut, the trainers on the other hosts must have ended with a survivor naming
+# rank I (host nI) as lost (Poseidon's part), and mpirun must have exited non-zero (the
+# launcher's part: Open MPI's mpirun also waits for its daemon on the cut host). Liveness runs
+# with the engine only: a cut during the trainer's set-up (about 4 s at P=4, the cost model is
+# measured afresh) is not detected. The result is printed; nothing goes to bench/RESULTS.md.
+#
 # Compute is emulated with sleeps (see poseidon_model_trainer); --compute-scale makes the
 # compute : communication ratio of a modelled cluster on these links: modelling 10 Gbit/s with
 # 1 Gbit/s links needs compute-scale 10 (the default: Titan X GPUs on a 10 Gbit/s network).
 #
 #   bench/cluster/emulate.sh                       # P = 1 2 4 8, VGG19 shrunk 32x, 1 Gbit/s
 #   bench/cluster/emulate.sh --hosts "1 2 4" --rate 500mbit --model resnet152 --scale-params 0.25
+#   bench/cluster/emulate.sh --hosts "4" --cut-host 2 --cut-after 3   # the fault drill
 #   bench/cluster/emulate.sh --teardown-only
 set -euo pipefail
 
@@ -47,6 +58,13 @@ WRITE_RESULTS=1
 TIMEOUT_S=240
 TEARDOWN_ONLY=0
 WORK=""
+CUT_HOST=""
+CUT_AFTER=""
+ITERS_GIVEN=0
+TIMEOUT_GIVEN=0
+CUT_PEER_TIMEOUT_S=5
+CUT_SLACK_S=8
+CUT_ITERS=100  # the cut run's default: training must outlast the cut and the bound
 
 usage() {
   cat <<EOF
@@ -54,7 +72,12 @@ usage: $0 [--hosts "1 2 4 8"] [--rate 1gbit] [--model vgg19] [--scale-params 0.0
           [--compute-scale 10] [--gpu titanx|k40] [--iters 5] [--warmup 1]
           [--modes dense,dense-overlap,hybrid-overlap] [--trainer PATH] [--timeout 240]
           [--results FILE | --no-results] [--teardown-only]
+          [--cut-host I --cut-after S]
 Needs root (network namespaces). P=1 is the baseline of the scaling efficiency.
+--cut-host I --cut-after S: fault drill, no sweep: hybrid-overlap alone at the largest P
+(--iters default $CUT_ITERS), host nI's link taken down S s after the launch; checks that the job
+ends within POSEIDON_PEER_TIMEOUT_S ($CUT_PEER_TIMEOUT_S) + grace + $CUT_SLACK_S s and names rank I.
+Writes no results.
 EOF
 }
 
@@ -68,14 +91,16 @@ while [[ $# -gt 0 ]]; do
     --scale-params) SCALE="$2"; shift 2 ;;
     --compute-scale) COMPUTE_SCALE="$2"; shift 2 ;;
     --gpu) GPU="$2"; shift 2 ;;
-    --iters) ITERS="$2"; shift 2 ;;
+    --iters) ITERS="$2"; ITERS_GIVEN=1; shift 2 ;;
     --warmup) WARMUP="$2"; shift 2 ;;
     --modes) MODES="$2"; shift 2 ;;
     --trainer) TRAINER="$2"; shift 2 ;;
-    --timeout) TIMEOUT_S="$2"; shift 2 ;;
+    --timeout) TIMEOUT_S="$2"; TIMEOUT_GIVEN=1; shift 2 ;;
     --results) RESULTS="$2"; shift 2 ;;
     --no-results) WRITE_RESULTS=0; shift ;;
     --teardown-only) TEARDOWN_ONLY=1; shift ;;
+    --cut-host) CUT_HOST="$2"; shift 2 ;;
+    --cut-after) CUT_AFTER="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -128,6 +153,26 @@ for p in $HOSTS; do
     die "--hosts '$HOSTS' holds '$p'; expected host counts 1..$MAX_HOSTS"
   (( p > NMAX )) && NMAX=$p
 done
+if [[ -n "$CUT_HOST" || -n "$CUT_AFTER" ]]; then
+  [[ -n "$CUT_HOST" && -n "$CUT_AFTER" ]] || die "--cut-host and --cut-after go together"
+  [[ "$CUT_HOST" =~ ^[0-9]+$ && $CUT_HOST -ge 1 && $CUT_HOST -lt $NMAX ]] ||
+    die "--cut-host '$CUT_HOST': expected a host in [1, $((NMAX - 1))] (n0 runs mpirun; the" \
+        "largest P of --hosts is $NMAX)"
+  [[ "$CUT_AFTER" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
+    die "--cut-after '$CUT_AFTER': expected seconds after the launch (e.g. 3 or 2.5)"
+  # The fault drill: the largest P, hybrid-overlap alone, long enough to be cut mid-training.
+  HOSTS="$NMAX"
+  MODES=hybrid-overlap
+  [[ $ITERS_GIVEN -eq 1 ]] || ITERS=$CUT_ITERS
+  WRITE_RESULTS=0
+  export POSEIDON_PEER_TIMEOUT_S=$CUT_PEER_TIMEOUT_S
+  CUT_GRACE_S="${POSEIDON_PEER_LOST_GRACE_S:-2}"
+  CUT_BOUND_S=$(awk -v t="$CUT_PEER_TIMEOUT_S" -v g="$CUT_GRACE_S" -v s="$CUT_SLACK_S" \
+                  'BEGIN { print t + g + s }')
+  # A hang must not cost the full sweep timeout: the cut, the bound and a minute to spare.
+  [[ $TIMEOUT_GIVEN -eq 1 ]] ||
+    TIMEOUT_S=$(awk -v c="$CUT_AFTER" -v b="$CUT_BOUND_S" 'BEGIN { printf "%d", c + b + 60 }')
+fi
 
 WORK="$(mktemp -d /tmp/psd-cluster.XXXXXX)"
 LOG="$WORK/runs.log"
@@ -173,6 +218,98 @@ if ((NMAX > 1)) && command -v ping >/dev/null; then
 fi
 [[ $ping_ok -eq 1 ]] || die "n0 cannot reach n$((NMAX - 1)) through the bridge"
 
+# Trainer processes still running on the hosts other than the cut one.
+survivors_alive() {
+  local p=$1 name=$2 i pid alive=0
+  for ((i = 0; i < p; i++)); do
+    ((i == CUT_HOST)) && continue
+    for pid in $(ip netns pids ${PREFIX}-n$i 2>/dev/null); do
+      [[ "$(cat /proc/$pid/comm 2>/dev/null)" == "${name:0:15}" ]] && alive=$((alive + 1))
+    done
+  done
+  echo "$alive"
+}
+
+# The fault drill at P=$1 with the mpirun command $2: launch, cut host n$CUT_HOST's link
+# $CUT_AFTER s later, wait for the end (or the outer timeout), check and print the result.
+# Two checks, because two parties must end: the ranks (Poseidon's liveness: the trainers on the
+# other hosts exit within the bound and name rank $CUT_HOST) and the launcher (mpirun exits
+# non-zero within the bound; Open MPI's mpirun also waits for its daemon on the cut host).
+cut_run() {
+  local p=$1 cmd=$2 out="$WORK/cut.log" launch cut end rc mpid
+  local trainer_name survivors_gone="" setup_done=no
+  trainer_name="$(basename "$TRAINER")"
+  launch=$(date +%s.%N)
+  ip netns exec ${PREFIX}-n0 unshare --uts sh -c "hostname n0; $(echo $cmd)" >"$out" 2>&1 &
+  mpid=$!
+  sleep "$CUT_AFTER"
+  if grep -q "^# cost model:" "$out"; then setup_done=yes; fi
+  if ! ip -n ${PREFIX}-n$CUT_HOST link set eth0 down; then
+    echo "=== FAULT RESULT: FAIL: could not take host n$CUT_HOST's link down"
+    return 1
+  fi
+  cut=$(date +%s.%N)
+  echo "=== FAULT: host n$CUT_HOST's link (eth0 in ${PREFIX}-n$CUT_HOST) down" \
+       "$(awk -v a="$launch" -v b="$cut" 'BEGIN { printf "%.2f", b - a }') s after the launch" \
+       "(trainer set-up done, preamble printed: $setup_done)"
+  while kill -0 "$mpid" 2>/dev/null; do
+    if [[ -z "$survivors_gone" && "$(survivors_alive "$p" "$trainer_name")" -eq 0 ]]; then
+      survivors_gone=$(date +%s.%N)
+    fi
+    sleep 0.1
+  done
+  rc=0
+  wait "$mpid" || rc=$?
+  end=$(date +%s.%N)
+  [[ -z "$survivors_gone" ]] && survivors_gone=$end  # gone by the time mpirun was
+  cat "$out" >>"$LOG"
+  cat "$out"
+
+  local since_cut='BEGIN { printf "%.2f", b - a }' ranks_s launcher_s named=no
+  local ranks=PASS launcher=PASS ranks_why="" launcher_why=""
+  ranks_s=$(awk -v a="$cut" -v b="$survivors_gone" "$since_cut")
+  launcher_s=$(awk -v a="$cut" -v b="$end" "$since_cut")
+  within() { awk -v e="$1" -v b="$CUT_BOUND_S" 'BEGIN { exit !(e <= b) }'; }
+  grep -q "lost peer rank $CUT_HOST (host n$CUT_HOST)" "$out" && named=yes
+  if ! within "$ranks_s"; then
+    ranks=FAIL ranks_why="the trainers on the other hosts ran on ${ranks_s} s after the cut"
+  elif [[ $named == no ]]; then
+    ranks=FAIL ranks_why="no survivor printed 'lost peer rank $CUT_HOST (host n$CUT_HOST)'"
+  fi
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    launcher=FAIL launcher_why="mpirun was still running at the outer timeout ($TIMEOUT_S s)"
+  elif [[ $rc -eq 0 ]]; then
+    launcher=FAIL launcher_why="mpirun exited 0: the job did not notice the cut"
+  elif ! within "$launcher_s"; then
+    launcher=FAIL launcher_why="mpirun exited ${launcher_s} s after the cut"
+  fi
+  if [[ $ranks == FAIL && $setup_done == no ]]; then
+    ranks_why="$ranks_why; the cut came before the trainer's preamble, during its set-up (cost"
+    ranks_why="$ranks_why model measurement, plan), when no engine, so no liveness, runs yet"
+  fi
+  if [[ $ranks == PASS && $launcher == FAIL ]]; then
+    launcher_why="$launcher_why: the ranks had ended, mpirun waited for its daemon on the cut"
+    launcher_why="$launcher_why host (OMPI_MCA_oob_tcp_keepalive_time=3"
+    launcher_why="$launcher_why OMPI_MCA_oob_tcp_keepalive_intvl=1 OMPI_MCA_oob_tcp_keepalive_probes=3"
+    launcher_why="$launcher_why let it notice a silent daemon)"
+  fi
+  echo "=== FAULT lines:"
+  grep -E "lost peer|MPI_ABORT was invoked|ORTE has lost|abort is already" "$out" |
+    head -n 12 | sed 's/^/    /' || true
+  echo "=== FAULT bound: ${CUT_BOUND_S} s after the cut (peer timeout $CUT_PEER_TIMEOUT_S + grace" \
+       "$CUT_GRACE_S + slack $CUT_SLACK_S)"
+  echo "=== FAULT ranks   : $ranks: the trainers on the hosts other than n$CUT_HOST were gone" \
+       "${ranks_s} s after the cut; rank $CUT_HOST (host n$CUT_HOST) named as lost: $named" \
+       "${ranks_why:+($ranks_why)}"
+  echo "=== FAULT launcher: $launcher: mpirun exited $rc ${launcher_s} s after the cut" \
+       "${launcher_why:+($launcher_why)}"
+  local verdict=PASS
+  [[ $ranks == PASS && $launcher == PASS ]] || verdict=FAIL
+  echo "=== FAULT RESULT: $verdict: P=$p, host n$CUT_HOST cut $CUT_AFTER s after the launch;" \
+       "ranks $ranks, launcher $launcher. (Not written to RESULTS.md.)"
+  [[ $verdict == PASS ]]
+}
+
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN_FLAGS="--bind-to none --mca plm_rsh_agent $AGENT --mca plm_rsh_no_tree_spawn 1
   --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
@@ -191,6 +328,9 @@ for p in $HOSTS; do
     --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS --warmup $WARMUP --modes $MODES
     --link-gbit $LINK_GBIT --network emulated-hosts-$RATE"
   echo "=== P=$p: $(echo $cmd)" | tee -a "$LOG"
+  if [[ -n "$CUT_HOST" ]]; then
+    if cut_run "$p" "$cmd"; then exit 0; else exit 1; fi
+  fi
   start=$(date +%s)
   if ! ip netns exec ${PREFIX}-n0 unshare --uts sh -c "hostname n0; $(echo $cmd)" \
        2>&1 | tee -a "$LOG"; then

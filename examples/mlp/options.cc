@@ -87,9 +87,13 @@ Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args)
     }
     if (is_switch) continue;
     static const char* const kValued[] = {
-        "--iters",        "--batch",     "--lr",      "--momentum",     "--hidden",
-        "--seed",         "--log-every", "--samples", "--test-samples", "--min-accuracy",
-        "--corrupt-rank", "--strategy",  "--density", "--warmup-steps", "--compare-tolerance"};
+        "--iters",         "--batch",        "--lr",
+        "--momentum",      "--hidden",       "--seed",
+        "--log-every",     "--samples",      "--test-samples",
+        "--min-accuracy",  "--corrupt-rank", "--strategy",
+        "--density",       "--warmup-steps", "--compare-tolerance",
+        "--stop-rank",     "--stop-at-iter", "--sleep-rank",
+        "--sleep-at-iter", "--sleep-s"};
     bool known = false;
     for (const char* k : kValued) known = known || flag == k;
     PSD_REQUIRE_ARG(known, "poseidon_mlp: unknown argument '", args[i], "'; see --help");
@@ -122,6 +126,15 @@ Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args)
     } else if (flag == "--corrupt-rank") {
       PSD_ASSIGN_OR_RETURN(int64_t r, ParseInt(flag, value, 0, 1 << 30));
       o.corrupt_rank = static_cast<int>(r);
+    } else if (flag == "--stop-rank" || flag == "--sleep-rank") {
+      PSD_ASSIGN_OR_RETURN(int64_t r, ParseInt(flag, value, 0, 1 << 30));
+      (flag == "--stop-rank" ? o.stop_rank : o.sleep_rank) = static_cast<int>(r);
+    } else if (flag == "--stop-at-iter" || flag == "--sleep-at-iter") {
+      PSD_ASSIGN_OR_RETURN(int64_t n, ParseInt(flag, value, 1, int64_t{1} << 40));
+      (flag == "--stop-at-iter" ? o.stop_at_iter : o.sleep_at_iter) = n;
+    } else if (flag == "--sleep-s") {
+      PSD_ASSIGN_OR_RETURN(double s, ParseDouble(flag, value, 0.0, 86400.0, true));
+      o.sleep_s = s;
     } else if (flag == "--strategy") {
       PSD_REQUIRE_ARG(value == "auto" || ParseStrategy(value).ok(), "--strategy: got '", value,
                       "'; expected auto, allreduce, ps, sfb or topk");
@@ -143,6 +156,21 @@ Result<TrainerOptions> ParseTrainerOptions(const std::vector<std::string>& args)
                   "; expected --strategy topk (density applies to topk only)");
   PSD_REQUIRE_ARG(topk || !o.warmup_steps.has_value(), "--warmup-steps: given with --strategy ",
                   o.strategy, "; expected --strategy topk (warm-up applies to topk only)");
+  // The fault drills: every flag of a pair given, at an iteration the run reaches.
+  PSD_REQUIRE_ARG((o.stop_rank >= 0) == o.stop_at_iter.has_value(),
+                  "--stop-rank and --stop-at-iter: got only ",
+                  o.stop_rank >= 0 ? "--stop-rank" : "--stop-at-iter", "; expected both");
+  PSD_REQUIRE_ARG(!o.stop_at_iter || *o.stop_at_iter <= o.iters, "--stop-at-iter: got ",
+                  o.stop_at_iter.value_or(0), " with --iters ", o.iters,
+                  "; expected an iteration in [1, --iters]");
+  PSD_REQUIRE_ARG((o.sleep_rank >= 0) == o.sleep_at_iter.has_value() &&
+                      o.sleep_at_iter.has_value() == o.sleep_s.has_value(),
+                  "--sleep-rank, --sleep-at-iter and --sleep-s: expected all three or none (got ",
+                  o.sleep_rank >= 0 ? "--sleep-rank " : "",
+                  o.sleep_at_iter ? "--sleep-at-iter " : "", o.sleep_s ? "--sleep-s" : "", ")");
+  PSD_REQUIRE_ARG(!o.sleep_at_iter || *o.sleep_at_iter <= o.iters, "--sleep-at-iter: got ",
+                  o.sleep_at_iter.value_or(0), " with --iters ", o.iters,
+                  "; expected an iteration in [1, --iters]");
   PSD_REQUIRE_ARG(
       !o.dense_baseline || (o.strategy == "auto" && !o.no_engine && !o.compare_to_dense),
       "--dense-baseline: runs the single fused allreduce alone; expected no "
@@ -194,6 +222,22 @@ std::string TrainerHelp() {
       d.min_accuracy, ")\n"
       "  --corrupt-rank R     testing aid: rank R changes one weight before the final\n"
       "                       identity check, which must then fail and name rank R\n"
+      "  --stop-rank R        testing aid (liveness drill): rank R raises SIGSTOP on itself\n"
+      "                       at iteration --stop-at-iter, mid-step (right after the engine\n"
+      "                       took its first gradient of that step; with --no-engine or\n"
+      "                       --dense-baseline after its backward pass, before the exchange).\n"
+      "                       The whole process freezes, liveness thread included: the other\n"
+      "                       ranks must declare it lost (POSEIDON_PEER_TIMEOUT_S) and end the\n"
+      "                       job. It prints its stop time (Unix seconds) on stderr first.\n"
+      "                       Peers are watched by the engine only: with --no-engine or\n"
+      "                       --dense-baseline nobody notices, and the job hangs\n"
+      "  --stop-at-iter N     the iteration (1-based, <= --iters) of --stop-rank\n"
+      "  --sleep-rank R       testing aid (slow-peer drill): rank R's training thread sleeps\n"
+      "                       --sleep-s seconds at iteration --sleep-at-iter, at the same\n"
+      "                       point of the step as --stop-rank; its engine and liveness\n"
+      "                       threads run on, so it is slow, not lost\n"
+      "  --sleep-at-iter N    the iteration (1-based, <= --iters) of --sleep-rank\n"
+      "  --sleep-s S          the seconds --sleep-rank sleeps, in [0, 86400]\n"
       "  --strategy S         auto (the planner picks per layer), or force allreduce, ps, sfb\n"
       "                       or topk on every layer where it applies (default auto; with\n"
       "                       topk the weights are registered as sparse-tolerant)\n"

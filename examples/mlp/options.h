@@ -23,6 +23,15 @@ struct TrainerOptions {
   bool check_loss_falls = false;
   double min_accuracy = 0.0;  // with --check-loss-falls: required test accuracy (0..1)
   int corrupt_rank = -1;      // testing aid: this rank perturbs one weight before the check
+  // Testing aids for the liveness drills (a frozen peer, a slow peer), mid-step: at iteration
+  // stop_at_iter (1-based) rank stop_rank raises SIGSTOP on itself (the whole process freezes,
+  // its liveness thread too); at sleep_at_iter rank sleep_rank's training thread sleeps
+  // sleep_s seconds while its engine and liveness threads run on.
+  int stop_rank = -1;
+  std::optional<int64_t> stop_at_iter;
+  int sleep_rank = -1;
+  std::optional<int64_t> sleep_at_iter;
+  std::optional<double> sleep_s;
 
   // The exchange. Default: every tensor through Poseidon's hybrid collective, driven by the
   // engine as the backward pass produces each layer (wait-free backprop).
