@@ -217,19 +217,87 @@ Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count
     scratch->wide.resize(count);
     float* wide = scratch->wide.data();
     Widen(dtype, send, wide, count);
-    PSD_CHECK(RunMpi(how, "MPI_Allreduce", scratch, [&](MPI_Request* r) {
-      return r ? MPI_Iallreduce(MPI_IN_PLACE, wide, n, MPI_FLOAT, MPI_SUM, comm_, r)
-               : MPI_Allreduce(MPI_IN_PLACE, wide, n, MPI_FLOAT, MPI_SUM, comm_);
-    }));
+    if (how.interrupt != nullptr && UseRecursiveDoubling(count * sizeof(float), size_)) {
+      // The widened buffer is scratch only this call owns: a round given up on keeps it.
+      PSD_CHECK(AllReduceRecursiveDoubling(wide, count, MPI_FLOAT, sizeof(float), how, scratch));
+    } else {
+      PSD_CHECK(RunMpi(how, "MPI_Allreduce", scratch, [&](MPI_Request* r) {
+        return r ? MPI_Iallreduce(MPI_IN_PLACE, wide, n, MPI_FLOAT, MPI_SUM, comm_, r)
+                 : MPI_Allreduce(MPI_IN_PLACE, wide, n, MPI_FLOAT, MPI_SUM, comm_);
+      }));
+    }
     Narrow(dtype, wide, recv, count);
     return Status::Ok();
   }
   const void* src = (send == recv) ? MPI_IN_PLACE : send;
   const MPI_Datatype type = ToMpiType(dtype);
+  if (how.interrupt != nullptr && UseRecursiveDoubling(count * DTypeSize(dtype), size_)) {
+    if (send != recv) std::memcpy(recv, send, count * DTypeSize(dtype));
+    return AllReduceRecursiveDoubling(recv, count, type, DTypeSize(dtype), how, nullptr);
+  }
   return RunMpi(how, "MPI_Allreduce", nullptr, [&](MPI_Request* r) {
     return r ? MPI_Iallreduce(src, recv, n, type, MPI_SUM, comm_, r)
              : MPI_Allreduce(src, recv, n, type, MPI_SUM, comm_);
   });
+}
+
+bool MpiBackend::UseRecursiveDoubling(size_t bytes, int world) {
+  if (world < 2 || (world & (world - 1)) != 0) return false;
+  int rounds = 0;
+  for (int m = 1; m < world; m <<= 1) ++rounds;
+  // Each rank sends the whole buffer once per round: latency-bound sizes only (above this a
+  // ring or reduce-scatter + allgather moves fewer bytes).
+  constexpr size_t kMaxSentBytes = 512 * 1024;
+  return bytes * static_cast<size_t>(rounds) <= kMaxSentBytes;
+}
+
+Status MpiBackend::AllReduceRecursiveDoubling(void* buf, size_t count, MPI_Datatype type,
+                                              size_t elem_bytes, const MpiWait& how,
+                                              std::shared_ptr<void> keep_buf) {
+  // The peer's buffer of each round; kept alive with any request given up on, and so is
+  // keep_buf (what owns `buf` when it is scratch).
+  struct Keep {
+    std::vector<unsigned char> peer;
+    std::shared_ptr<void> buf;
+  };
+  auto keep = std::make_shared<Keep>();
+  keep->peer.resize(count * elem_bytes);
+  keep->buf = std::move(keep_buf);
+  unsigned char* const peer_buf = keep->peer.data();
+  const int n = static_cast<int>(count);
+  // A tag of its own: only this backend's calls use point-to-point on its communicator, one
+  // call at a time, and messages between two ranks on one tag arrive in order.
+  constexpr int kTag = 0x5053;
+  // Each round sums into the buffer the peer's data just arrived in (written from this core,
+  // so the stores do not fight the peer, which has just read the other one), then sends from
+  // there; the two buffers trade places every round.
+  unsigned char* sum = static_cast<unsigned char*>(buf);
+  unsigned char* in = peer_buf;
+  for (int mask = 1; mask < size_; mask <<= 1) {
+    const int peer = rank_ ^ mask;
+    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc = MPI_Irecv(in, n, type, peer, kTag, comm_, &req[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(sum, n, type, peer, kTag, comm_, &req[1]);
+    if (rc != MPI_SUCCESS) {
+      for (MPI_Request& r : req) AbandonMpi(r, keep);
+      Status e = MpiError(StrCat(how.call, ": MPI_Isend/MPI_Irecv (allreduce round)").c_str(), rc);
+      if (how.sticky != nullptr) how.sticky->Record(e);
+      return e;
+    }
+    for (int i = 0; i < 2; ++i) {
+      Status s = WaitOrAbandon(&req[i], keep, how);
+      if (!s.ok()) {
+        for (int j = i + 1; j < 2; ++j) AbandonMpi(req[j], keep);
+        return s;
+      }
+    }
+    // in = sum + in: the same two operands on both ranks of the pair (addition commutes).
+    rc = MPI_Reduce_local(sum, in, n, type, MPI_SUM);
+    if (rc != MPI_SUCCESS) return MpiError("MPI_Reduce_local (allreduce round)", rc);
+    std::swap(sum, in);
+  }
+  if (sum != buf) std::memcpy(buf, sum, count * elem_bytes);
+  return Status::Ok();
 }
 
 Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType dtype,

@@ -79,6 +79,15 @@ class MpiBackend : public Backend {
                                 DType dtype, const MpiWait& how);
   Status AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype,
                             const MpiWait& how);
+  // Under an interrupt, small sums at a power-of-two world size: recursive doubling from
+  // point-to-point messages (log2 P exchanges of the whole buffer, each rank adding the same
+  // two operands in each pair, so every rank ends with the same bits). Open MPI's
+  // non-blocking allreduce picks reduce + broadcast at P < 4 or in place, 1.6x slower than its
+  // blocking one at 64 KiB, P = 2 (bench/RESULTS.md, "Engine v2"); this matches the blocking
+  // one. Whether it applies depends only on (bytes, P), so every rank decides alike.
+  static bool UseRecursiveDoubling(size_t bytes, int world);
+  Status AllReduceRecursiveDoubling(void* buf, size_t count, MPI_Datatype type, size_t elem_bytes,
+                                    const MpiWait& how, std::shared_ptr<void> keep_buf);
   // The result of a shared-memory call: a failure that left the window unusable (its peers are
   // in an unknown state) also makes this backend unusable.
   Status ShmResult(const ShmCollectives& shm, Status status);
