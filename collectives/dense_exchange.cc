@@ -47,14 +47,17 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
 
   // 1. The sum.
   const double t0 = NowUs();
+  std::vector<float*> summed(nparts, nullptr);  // parts whose sum stays in the fusion buffer
+  std::vector<const float*> unpacked;
   if (batch.kind == DenseBatchKind::kFused) {
     size_t total = batch.trailer.size() + batch.pad;
     std::vector<ConstByteRange> in;
     std::vector<ByteRange> out;
+    std::vector<size_t> offset;  // of each part in the buffer
     for (const DensePart& p : batch.parts) {
       const size_t bytes = (p.end - p.begin) * sizeof(float);
       in.push_back(ConstByteRange{p.grad + p.begin, bytes});
-      out.push_back(ByteRange{p.grad + p.begin, bytes});
+      offset.push_back(total - batch.trailer.size() - batch.pad);
       total += p.end - p.begin;
     }
     // The buffer is reserved at engine creation for the largest fused group, so this never
@@ -72,6 +75,18 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
     }
     float* buf = fusion_buf_->as<float>();
     const size_t data_elems = total - batch.trailer.size();
+    for (size_t i = 0; i < nparts; ++i) {
+      const DensePart& p = batch.parts[i];
+      // A whole layer with an optimizer steps straight from the buffer (its gradient buffer
+      // is scratch): no copy back.
+      if (p.begin == 0 && p.last && !p.sum_only &&
+          layers_[static_cast<size_t>(p.layer)].spec.optimizer.enabled()) {
+        summed[i] = buf + offset[i];
+      } else {
+        out.push_back(ByteRange{p.grad + p.begin, (p.end - p.begin) * sizeof(float)});
+        unpacked.push_back(buf + offset[i]);
+      }
+    }
     s = k.Pack(in, buf, call.stream);
     if (s.ok() && batch.pad > 0) {
       s = k.Fill(buf + data_elems - batch.pad, batch.pad, 0.0f, call.stream);
@@ -100,7 +115,9 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
       rep.committed = batch.commit ? batch.commit(rep.trailer_sum.data()) : true;
       if (!rep.committed) return rep;
     }
-    if (s.ok()) s = k.Unpack(buf, out, call.stream);
+    for (size_t j = 0; j < out.size() && s.ok(); ++j) {
+      s = k.Copy(out[j].data, unpacked[j], out[j].bytes, call.stream);
+    }
     if (!s.ok()) {
       fail_all(s.WithPrefix("fused allreduce: "));
       return rep;
@@ -175,7 +192,7 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
       const bool chunk_averaged = batch.kind == DenseBatchKind::kChunked && !optimizer;
       if ((whole && !chunk_averaged) || optimizer) {
         ExchangeBuffers b;
-        b.grad = p.grad;
+        b.grad = summed[i] != nullptr ? summed[i] : p.grad;
         b.params = p.params;
         s = FinishDenseSum(p.layer, b, p.step);
       }
