@@ -4,6 +4,11 @@
 //      of the op has a submission here, or until this rank cannot run the op as cached: a
 //      shutdown or an error here, a submission the schedule does not hold or whose descriptor
 //      differs, a user thread waiting on an incomplete group, or the patience ran out.
+//      Submit wakes the sleeper only for what it can act on (ArmLocked).
+// The waiter runs (RunForWaiter): a user thread in Handle::Wait that finds the engine thread
+// asleep here and the op complete runs steps 2-3 itself, holding exec_mu_ as the engine
+// thread would: the ops run one at a time, in schedule order, whichever thread runs them, so
+// every rank's sequence of collectives is the same.
 //   2. One fused allreduce of the op's data (zeros when not ready) and the trailer.
 //   3. From the summed trailer (the same on every rank): commit, and go on with the next op;
 //      or keep every input and return to negotiation, failing first on an error or shutdown
@@ -22,20 +27,82 @@ double NowUs() { return engine::Timeline::NowUs(); }
 
 }  // namespace
 
-bool Engine::CachedCycle() {
+Engine::CachedReadiness Engine::CheckCachedOp(const engine::CachedOp& op) const {
+  CachedReadiness r;
+  for (int l = 0; l < num_layers_ && !r.deviates; ++l) {
+    r.deviates = !queues_[static_cast<size_t>(l)].empty() && !in_schedule_[static_cast<size_t>(l)];
+  }
+  r.complete = true;
+  for (size_t i = 0; i < op.layers.size() && !r.deviates; ++i) {
+    const auto& q = queues_[static_cast<size_t>(op.layers[i])];
+    if (q.empty()) {
+      r.complete = false;
+      continue;
+    }
+    engine::Descriptor head = q.front().desc, want = op.descs[i];
+    head.step = want.step = 0;
+    r.deviates = !(head == want);
+  }
+  if (r.deviates) r.complete = false;
+  return r;
+}
+
+void Engine::ArmLocked() {
+  for (int l : armed_) {
+    if (wake_on_[static_cast<size_t>(l)] == kWakeAwaited) {
+      wake_on_[static_cast<size_t>(l)] = kWakeQuiet;
+    }
+  }
+  armed_.clear();
+  awaited_ = 0;
+  kick_ = false;
+  if (!cached_ || halted_) return;
   const engine::CachedOp& op = schedule_[next_op_];
+  for (int l : op.layers) {
+    if (!queues_[static_cast<size_t>(l)].empty()) continue;
+    bool arriving = false;
+    for (const Entry& e : incoming_) arriving = arriving || e.desc.layer == l;
+    if (arriving) continue;
+    wake_on_[static_cast<size_t>(l)] = kWakeAwaited;
+    armed_.push_back(l);
+    ++awaited_;
+  }
+  awaited_last_ = next_op_ + 1 == schedule_.size();
+}
+
+bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
+  // How long the sleep below lasts without a wake-up: the grain of the waiting and patience
+  // checks, and the longest a step's last op lies complete when nobody waits for it (once).
+  constexpr auto kTick = std::chrono::milliseconds(5);
+  const size_t op_index = next_op_;
+  const engine::CachedOp& op = schedule_[op_index];
   // 1. Readiness.
   const double start = NowUs();
   double waiting_since = -1;  // a user thread has been waiting since (while incomplete)
-  bool ready = false, shutdown = false;
+  bool ready = false, shutdown = false, ticked = false;
   const char* why = "";
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::microseconds(1000), [&] {
-        return !incoming_.empty() || !local_errors_.empty() || shutdown_requested_ ||
-               !sticky_.ok();
-      });
+  for (bool first = true;; first = false) {
+    if (!first) {
+      // Sleep until the op's missing layers have all arrived (Submit wakes this thread only
+      // then, or for a layer outside the schedule), an error, a shutdown, or a tick has
+      // passed (the waiting and patience checks below; an op nobody ran). Waiters may run
+      // ops meanwhile (RunForWaiter): on waking, a changed op starts a fresh cycle.
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (incoming_.empty()) {
+          ArmLocked();
+          EngineLink::busy = false;
+          exec->unlock();
+          ticked = !cv_.wait_for(lock, kTick, [&] {
+            return kick_ || !local_errors_.empty() || shutdown_requested_ || !sticky_.ok();
+          });
+          lock.unlock();
+          exec->lock();
+          EngineLink::busy = true;
+          if (halted_) return false;
+          if (!cached_ || next_op_ != op_index) return true;
+        }
+      }
     }
     shutdown = TakeIncoming();
     if (const Interrupt* in = interrupt(); in != nullptr) {
@@ -53,30 +120,23 @@ bool Engine::CachedCycle() {
       why = "local error";
       break;
     }
-    bool deviates = false, complete = true;
-    for (int l = 0; l < num_layers_ && !deviates; ++l) {
-      deviates = !queues_[static_cast<size_t>(l)].empty() && !in_schedule_[static_cast<size_t>(l)];
-    }
-    for (size_t i = 0; i < op.layers.size() && !deviates; ++i) {
-      const auto& q = queues_[static_cast<size_t>(op.layers[i])];
-      if (q.empty()) {
-        complete = false;
-        continue;
-      }
-      engine::Descriptor head = q.front().desc, want = op.descs[i];
-      head.step = want.step = 0;
-      deviates = !(head == want);
-    }
-    if (deviates) {
+    const CachedReadiness r = CheckCachedOp(op);
+    if (r.deviates) {
       why = "a submission the schedule does not hold";
       break;
     }
-    if (complete) {
+    if (r.complete) {
       ready = true;
+      if (ticked && op_index + 1 == schedule_.size()) {
+        // The step's last op lay complete for a whole tick: nobody waits for it (callbacks,
+        // polling). From now on its completion wakes this thread at once.
+        std::lock_guard<std::mutex> lock(mu_);
+        wake_for_last_ = true;
+      }
       break;
     }
     const double now = NowUs();
-    if (waiters_->load(std::memory_order_relaxed) > 0) {
+    if (link_->waiters.load(std::memory_order_relaxed) > 0) {
       if (waiting_since < 0) waiting_since = now;
       // A thread blocked in Wait submits nothing more: after a short grace (another thread may
       // still submit), the group will not complete as cached.
@@ -92,7 +152,45 @@ bool Engine::CachedCycle() {
       break;
     }
   }
+  return CachedRound(ready, shutdown, why, start);
+}
 
+void Engine::RunForWaiter(const Handle& h) {
+  std::unique_lock<std::mutex> exec(exec_mu_, std::try_to_lock);
+  if (!exec.owns_lock()) return;  // the engine thread is running: it completes the handle
+  EngineLink::busy = true;
+  bool ran = false, ran_last = false;
+  while (!halted_ && cached_ && !h.Test()) {
+    // Only a complete op that every rank will find complete too; anything else (a shutdown,
+    // an error, a deviation, a lost peer) is the engine thread's, which is awake for it.
+    if (TakeIncoming() || !exec_error_.empty()) break;
+    if (const Interrupt* in = interrupt(); in != nullptr && !in->Check().ok()) break;
+    if (!CheckCachedOp(schedule_[next_op_]).complete) break;
+    ran = true;
+    ran_last = next_op_ + 1 == schedule_.size();
+    counters_.waiter_ops.fetch_add(1, std::memory_order_relaxed);
+    if (!CachedRound(true, false, "", NowUs())) {
+      halted_ = true;
+      break;
+    }
+  }
+  // Stopping, or back to negotiation (a rank was not ready): the engine thread's turn at once.
+  const bool wake = ran && (halted_ || !cached_);
+  if (ran) {
+    // The engine thread sleeps armed for an op that has run: arm it for the current one (no
+    // wake-up: it would only go back to sleep), or wake it to stop or negotiate.
+    std::lock_guard<std::mutex> lock(mu_);
+    ArmLocked();
+    kick_ = wake;
+    if (ran_last) wake_for_last_ = false;  // users wait for the step's last op: they run it
+  }
+  EngineLink::busy = false;
+  exec.unlock();
+  if (wake) cv_.notify_one();
+}
+
+bool Engine::CachedRound(bool ready, bool shutdown, const char* why, double start) {
+  const engine::CachedOp& op = schedule_[next_op_];
   // 2. The round.
   std::vector<engine::Descriptor> heads;
   DenseBatch batch;
@@ -158,6 +256,10 @@ bool Engine::CachedCycle() {
   }
   counters_.cache_exits.fetch_add(1, std::memory_order_relaxed);
   cached_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_on_.clear();  // negotiated mode: every submission wakes the engine
+  }
   recorder_.Reset();
   unannounced_ = true;  // negotiate at once: the queues may hold work
   if (std::string(why) == "patience") {

@@ -72,6 +72,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Communicator> com
             "while the engine runs, and peers are not watched (no heartbeats)");
   }
   e->hc_->set_interrupt(e->interrupt());
+  if (!e->device()) {
+    // Host memory: a waiting user thread may run a ready cached op itself (engine.h). Device
+    // memory stays with the engine thread and its stream.
+    e->link_->run = [p = e.get()](const Handle& h) { p->RunForWaiter(h); };
+  }
   e->thread_ = std::thread([p = e.get()] { p->Loop(); });
   return e;
 }
@@ -174,7 +179,7 @@ HandlePtr Engine::Submit(int layer, float* grad, size_t count, int64_t step, Don
 
 HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallback done) {
   auto h = std::make_shared<Handle>(layer, step, LayerName(layer));
-  h->engine_waiters_ = waiters_;
+  h->link_ = link_;
   h->callback_ = std::move(done);
   // Device memory: capture the caller's stream now (the gradient is complete once the work
   // queued there so far has run) and make the handle's completion event. Only the recording
@@ -269,6 +274,22 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
   e.submit_us = NowUs();
   e.ready = std::move(ready);
   incoming_.push_back(std::move(e));
+  bool wake = true;
+  if (!wake_on_.empty()) {
+    uint8_t& w = wake_on_[static_cast<size_t>(layer)];
+    if (w == kWakeAwaited) {
+      w = kWakeQuiet;
+      // The op is complete. The last of a step: the user is about to wait for it and then runs
+      // it itself (RunForWaiter); the engine thread's tick covers one that does not.
+      wake = --awaited_ == 0 &&
+             (!awaited_last_ || wake_for_last_ ||
+              link_->waiters.load(std::memory_order_seq_cst) > 0);
+    } else if (w == kWakeQuiet) {
+      wake = false;
+    }
+  }
+  if (!wake) return h;
+  kick_ = true;
   lock.unlock();
   cv_.notify_one();
   return h;
@@ -305,6 +326,11 @@ Status Engine::Shutdown() {
     }
   }
   if (thread_.joinable()) thread_.join();
+  {
+    // No waiter runs an exchange from now on (one running now has finished: it held this).
+    std::lock_guard<std::mutex> lock(link_->mu);
+    link_->run = nullptr;
+  }
   hc_->set_interrupt(nullptr);
   if (stream_ != nullptr) {
     // Whatever the engine queued has finished before the collective goes back to its own
@@ -350,6 +376,7 @@ EngineStats Engine::stats() const {
   s.pipelined = counters_.pipelined.load();
   s.cached_ops = counters_.cached_ops.load();
   s.cache_exits = counters_.cache_exits.load();
+  s.waiter_ops = counters_.waiter_ops.load();
   return s;
 }
 
@@ -386,9 +413,14 @@ void Engine::Loop() {
       exec_error_code_ = s.code();
     }
   }
-  while (cached_ ? CachedCycle() : Cycle()) {
+  {
+    std::unique_lock<std::mutex> exec(exec_mu_);
+    EngineLink::busy = true;
+    while (!halted_ && (cached_ ? CachedCycle(&exec) : Cycle())) {
+    }
+    halted_ = true;
+    if (timeline_) timeline_->Publish();
   }
-  if (timeline_) timeline_->Publish();
   std::lock_guard<std::mutex> lock(mu_);
   stopped_ = true;
   stopped_cv_.notify_all();

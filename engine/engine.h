@@ -31,7 +31,14 @@
 //  - Steady state. Once two consecutive steps ran the same schedule of fused dense groups, the
 //    engine skips its negotiation round: each group is one allreduce carrying a descriptor
 //    check (response_cache.h), and any deviation returns every rank to negotiation within
-//    that step.
+//    that step. The waiter runs: in this mode (host memory), a user thread that calls Wait
+//    without a timeout while the engine thread has not started the op it needs, and the op
+//    is complete, runs it itself (the same op the engine thread would run, in the same order;
+//    one runner at a time) instead of sleeping through two thread hand-overs. The engine
+//    thread is woken by a submission only when it completes the op it waits for, and not even
+//    then for the last op of a step while nobody waits (the user is about to wait for it),
+//    unless that op once lay complete for a 5 ms tick with nobody waiting (callbacks or
+//    polling drive this user: the engine thread then runs it at once).
 //  - Errors are sticky: the first failure fails every pending handle on every rank with that
 //    status and stops the engine; later Submit calls return handles failed with it.
 //  - Threads and MPI: while the engine runs, its threads are the only users of the
@@ -105,6 +112,7 @@ struct EngineStats {
   int64_t pipelined = 0;        // negotiations posted while an exchange ran (of `cycles`)
   int64_t cached_ops = 0;       // ops run from the response cache (no negotiation round)
   int64_t cache_exits = 0;      // cached rounds that sent every rank back to negotiation
+  int64_t waiter_ops = 0;       // cached ops run by a user thread in Wait (of `cached_ops`)
 };
 
 class Engine {
@@ -172,7 +180,7 @@ class Engine {
   struct Counters {
     std::atomic<int64_t> cycles{0}, completed{0}, fused_groups{0}, fused_layers{0},
         chunked_layers{0}, chunks{0}, direct_layers{0}, strategy_layers{0}, stall_warnings{0},
-        slices{0}, pipelined{0}, cached_ops{0}, cache_exits{0};
+        slices{0}, pipelined{0}, cached_ops{0}, cache_exits{0}, waiter_ops{0};
   };
 
   Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
@@ -183,7 +191,21 @@ class Engine {
   // One negotiated cycle (loop.cc); returns false when the engine must stop.
   bool Cycle();
   // One op from the response cache (cached.cc); returns false when the engine must stop.
-  bool CachedCycle();
+  // Called with exec_mu_ held through `exec`; released while it sleeps.
+  bool CachedCycle(std::unique_lock<std::mutex>* exec);
+  // The cached op's state from the queues: complete, or deviating from the schedule.
+  struct CachedReadiness {
+    bool complete = false;
+    bool deviates = false;
+  };
+  CachedReadiness CheckCachedOp(const engine::CachedOp& op) const;
+  // Steps 2-3 of the cached cycle (one round for op next_op_): false when the engine must stop.
+  bool CachedRound(bool ready, bool shutdown, const char* why, double start_us);
+  // Under mu_: arms the wake-ups for the current cached op's layers that have not arrived.
+  void ArmLocked();
+  // The waiter runs (Handle::Wait through EngineLink::run): runs complete cached ops until `h`
+  // is done, if the engine thread is not running one.
+  void RunForWaiter(const Handle& h);
   // Moves new submissions into the queues and takes over local errors; returns whether a
   // shutdown was requested.
   bool TakeIncoming();
@@ -244,17 +266,33 @@ class Engine {
   Status sticky_;                          // guarded by mu_
   bool clean_shutdown_ = false;            // guarded by mu_: sticky_ came from a shutdown
   std::condition_variable stopped_cv_;     // signalled (under mu_) when stopped_ turns true
+  // Cached mode wakes the engine thread only for what it can act on (cached.cc): a submission
+  // of a layer outside the schedule, or the one that completes the op it waits for. Per layer
+  // (guarded by mu_): kWakeAlways, kWakeQuiet (in the schedule, not awaited now) or
+  // kWakeAwaited (the current op waits for it and it has not arrived).
+  enum : uint8_t { kWakeAlways = 0, kWakeQuiet = 1, kWakeAwaited = 2 };
+  std::vector<uint8_t> wake_on_;           // guarded by mu_
+  std::vector<int> armed_;                 // guarded by mu_: the layers set kWakeAwaited
+  int awaited_ = 0;                        // guarded by mu_: layers still kWakeAwaited
+  bool awaited_last_ = false;              // guarded by mu_: the armed op ends a step
+  bool wake_for_last_ = false;             // guarded by mu_: nobody waits for the last op
+  bool kick_ = false;                      // guarded by mu_: a submission asked for a wake-up
+
+  // The executor: held by the engine thread while it runs (released while a cached cycle
+  // sleeps) and by a waiter running a cached op. Everything under "Engine thread only" below
+  // belongs to its holder. Order: EngineLink::mu, exec_mu_, mu_.
+  std::mutex exec_mu_;
+  bool halted_ = false;  // guarded by exec_mu_: a round decided the engine stops
+  std::shared_ptr<EngineLink> link_ = std::make_shared<EngineLink>();
   std::mutex shutdown_mu_;                 // serializes Shutdown callers (taken before mu_)
 
-  // Engine thread only.
+  // Engine thread only (the holder of exec_mu_).
   std::vector<std::deque<Entry>> queues_;  // per layer, FIFO
   std::vector<double> stall_since_us_;     // per layer: when it became ready somewhere only
   std::vector<bool> stall_warned_;
   std::string exec_error_;  // a local failure to report next cycle
   StatusCode exec_error_code_ = StatusCode::kOk;
   bool ran_last_cycle_ = false;
-  // User threads blocked in Handle::Wait (shared with the handles, which may outlive us).
-  std::shared_ptr<std::atomic<int>> waiters_ = std::make_shared<std::atomic<int>>(0);
   // Entries moved into the queues after the last vector was built (not announced yet): an
   // engine holding them never sleeps before its next negotiation.
   bool unannounced_ = false;

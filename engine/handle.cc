@@ -8,29 +8,44 @@
 
 namespace poseidon {
 
+thread_local bool EngineLink::busy = false;
+
 Handle::Handle(int layer, int64_t step, std::string layer_name)
     : layer_(layer), step_(step), layer_name_(std::move(layer_name)) {}
 
 Status Handle::Wait(double timeout_s) const {
-  // Counted while blocked, so the engine closes its fusion window early (nothing more is
-  // coming from a thread that waits).
-  struct WaitCount {
-    std::atomic<int>* n;
-    explicit WaitCount(std::atomic<int>* c) : n(c) {
-      if (n) n->fetch_add(1, std::memory_order_relaxed);
+  // Counted in the engine's waiters while this handle is incomplete, so the engine closes its
+  // fusion window early and knows a thread waits (nothing more is coming from it). Complete
+  // takes the count back at once: a woken thread not yet scheduled is no longer waiting.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_.load(std::memory_order_acquire)) return status_;
+    if (link_) {
+      ++waiting_;
+      link_->waiters.fetch_add(1, std::memory_order_seq_cst);
     }
-    ~WaitCount() {
-      if (n) n->fetch_sub(1, std::memory_order_relaxed);
-    }
-  } count(done_.load(std::memory_order_acquire) ? nullptr : engine_waiters_.get());
-  std::unique_lock<std::mutex> lock(mu_);
-  auto done = [&] { return done_.load(std::memory_order_acquire); };
+  }
   // A timeout past ~30 years (or infinite, or NaN) is "forever": converting it to a clock
   // duration would overflow and time out at once.
   constexpr double kForeverS = 1e9;
-  if (timeout_s < 0 || !(timeout_s < kForeverS)) {
+  const bool forever = timeout_s < 0 || !(timeout_s < kForeverS);
+  if (link_ && forever && !EngineLink::busy) {
+    // Run the exchange here if it is ready and the engine thread has not started it: this
+    // thread would only sleep until it is done (another waiter may be running it already).
+    // Not under a timeout: the exchange lasts until every rank joins, which the caller's
+    // bound does not cover.
+    std::unique_lock<std::mutex> helping(link_->mu, std::try_to_lock);
+    if (helping && link_->run) link_->run(*this);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  auto done = [&] { return done_.load(std::memory_order_acquire); };
+  if (forever) {
     cv_.wait(lock, done);
   } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), done)) {
+    if (link_) {
+      --waiting_;
+      link_->waiters.fetch_sub(1, std::memory_order_seq_cst);
+    }
     return TimeoutError("Handle::Wait: layer ", layer_, " (", layer_name_, ") step ", step_,
                         " is not complete after ", timeout_s,
                         " s; the exchange goes on (wait again, or raise the timeout)");
@@ -73,6 +88,10 @@ void Handle::Complete(const Status& s) {
     cb = std::move(callback_);
     callback_ = nullptr;
     done_.store(true, std::memory_order_release);
+    if (link_ && waiting_ > 0) {
+      link_->waiters.fetch_sub(waiting_, std::memory_order_seq_cst);
+      waiting_ = 0;
+    }
   }
   cv_.notify_all();
   // Only the first completer gets here, so the callback runs exactly once. It runs on an

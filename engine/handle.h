@@ -20,6 +20,20 @@ namespace poseidon {
 // of the same engine. An exception it throws is caught and logged: it never reaches the engine.
 using DoneCallback = std::function<void(const Status&)>;
 
+class Handle;
+
+// What a handle shares with its engine (and keeps while it outlives it): the count of user
+// threads blocked in Wait, and the engine's offer to let such a thread run a ready exchange
+// itself instead of sleeping until the engine thread has run it (engine.h, "the waiter runs").
+struct EngineLink {
+  std::atomic<int> waiters{0};
+  std::mutex mu;  // held while a waiter runs exchanges; the engine takes it to withdraw `run`
+  std::function<void(const Handle&)> run;  // guarded by mu; empty once the engine has stopped
+  // Set on a thread while it runs engine work (the engine thread, a waiter running an
+  // exchange): a Wait from there (a completion callback) never tries to run more.
+  static thread_local bool busy;
+};
+
 // Thread-safe: any thread may Test, Wait or read status. Lock order: mu_ is a leaf (never held
 // while calling out).
 class Handle {
@@ -33,7 +47,8 @@ class Handle {
   // Waits until complete and returns the final status. timeout_s < 0, infinite, or beyond
   // about 30 years waits until completion, which the engine bounds (a lost peer fails every
   // handle within POSEIDON_PEER_TIMEOUT_S, a stall within POSEIDON_STALL_ABORT_S). On timeout
-  // returns kTimeout (the exchange goes on; wait again later).
+  // returns kTimeout (the exchange goes on; wait again later). Without a timeout, the calling
+  // thread may run the exchange itself (engine.h, "the waiter runs").
   Status Wait(double timeout_s = -1) const;
   // The final status once Test() is true; while pending, kUnavailable saying so.
   Status status() const;
@@ -59,13 +74,14 @@ class Handle {
   DoneCallback callback_;  // set before the handle is shared; run once by Complete
   // Device memory: recorded on the engine's stream before Complete (set before sharing).
   std::unique_ptr<engine::Event> done_event_;
-  // The engine's count of user threads blocked in Wait (set before sharing): an engine holding
-  // its fusion window open stops waiting for more layers once somebody waits for a result.
-  std::shared_ptr<std::atomic<int>> engine_waiters_;
+  // Set before sharing. Its waiters count: an engine holding its fusion window open stops
+  // waiting for more layers once somebody waits for a result.
+  std::shared_ptr<EngineLink> link_;
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   Status status_;  // guarded by mu_, final once done_
+  mutable int waiting_ = 0;  // guarded by mu_: threads in Wait counted in link_->waiters
 };
 using HandlePtr = std::shared_ptr<Handle>;
 

@@ -87,7 +87,7 @@ bool Engine::Cycle() {
       // Checked in short steps: a user thread blocking in Wait closes the window at once.
       constexpr double kStepUs = 20;
       for (double left_us = until_us - NowUs();
-           left_us > 0 && waiters_->load(std::memory_order_relaxed) == 0;
+           left_us > 0 && link_->waiters.load(std::memory_order_relaxed) == 0;
            left_us = until_us - NowUs()) {
         if (cv_.wait_for(lock,
                          std::chrono::microseconds(static_cast<long long>(
@@ -200,6 +200,12 @@ bool Engine::Cycle() {
     for (const auto& op : schedule_) {
       for (int l : op.layers) in_schedule_[static_cast<size_t>(l)] = true;
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_on_.assign(static_cast<size_t>(num_layers_), kWakeAlways);
+    for (int l = 0; l < num_layers_; ++l) {
+      if (in_schedule_[static_cast<size_t>(l)]) wake_on_[static_cast<size_t>(l)] = kWakeQuiet;
+    }
+    awaited_ = 0;
   }
   return true;
 }

@@ -350,9 +350,11 @@ Result<RunResult> TrainOnce(const TrainerOptions& opt, Mode mode,
       const EngineStats st = exchange->engine_stats();
       std::printf(
           "engine  : %lld exchanges completed in %lld negotiated cycles and %lld cached ops "
-          "(%lld cache exits; %lld through strategies, %lld fused groups)\n",
+          "(%lld run by the waiting thread; %lld cache exits; %lld through strategies, %lld "
+          "fused groups)\n",
           static_cast<long long>(st.completed), static_cast<long long>(st.cycles),
-          static_cast<long long>(st.cached_ops), static_cast<long long>(st.cache_exits),
+          static_cast<long long>(st.cached_ops), static_cast<long long>(st.waiter_ops),
+          static_cast<long long>(st.cache_exits),
           static_cast<long long>(st.strategy_layers), static_cast<long long>(st.fused_groups));
     }
     std::fflush(stdout);

@@ -749,8 +749,9 @@ TEST(Engine, ManyStepsManyLayersNoLeftovers) {
 
 // Steady state: a repeating schedule is run from the response cache (no negotiation round),
 // with results bitwise those of the negotiated runs; then one rank deviates in a cached step.
+// wait_s < 0: Wait without a timeout (the waiting thread may run the cached op itself).
 void RunCachedSteps(Engine* engine, const std::vector<size_t>& sizes, int from, int to,
-                    std::vector<std::vector<float>>* g) {
+                    std::vector<std::vector<float>>* g, double wait_s = 30) {
   const int P = World()->size(), me = World()->rank();
   for (int step = from; step < to; ++step) {
     std::vector<HandlePtr> h(sizes.size());
@@ -759,7 +760,7 @@ void RunCachedSteps(Engine* engine, const std::vector<size_t>& sizes, int from, 
       h[l] = engine->Submit(static_cast<int>(l), (*g)[l].data(), sizes[l], step);
     }
     for (size_t l = 0; l < sizes.size(); ++l) {
-      Status s = h[l]->Wait(30);
+      Status s = h[l]->Wait(wait_s);
       ASSERT_TRUE(s.ok()) << s.ToString();
       size_t wrong = 0;
       for (size_t i = 0; i < sizes[l]; ++i) wrong += (*g)[l][i] != Expected(i, P, step);
@@ -796,6 +797,59 @@ std::unique_ptr<Engine> CachedEngine(HybridCollective* hc, const std::vector<siz
   RunCachedSteps(engine.get(), sizes, 0, 12, g);
   EXPECT_GT(engine->stats().cached_ops, 0);
   return engine;
+}
+
+// A user thread waiting without a timeout runs the cached op itself (no hand-over to the engine
+// thread and back); the results are the engine thread's, bit for bit, and the cache holds.
+TEST(Engine, WaitingThreadRunsCachedOps) {
+  const std::vector<size_t> sizes = {16, 32, 7, 100};
+  auto hc = MakeCollective(sizes);
+  std::vector<std::vector<float>> g;
+  auto engine = CachedEngine(hc.get(), sizes, 20, &g);
+  ASSERT_NE(engine, nullptr);
+  const EngineStats before = engine->stats();
+  RunCachedSteps(engine.get(), sizes, 12, 40, &g, -1);
+  const EngineStats after = engine->stats();
+  EXPECT_EQ(after.completed - before.completed, 28 * static_cast<int64_t>(sizes.size()));
+  EXPECT_GT(after.waiter_ops, before.waiter_ops) << "no cached op ran on a waiting thread";
+  EXPECT_LE(after.waiter_ops, after.cached_ops);
+  EXPECT_EQ(after.cache_exits, before.cache_exits);
+  EXPECT_TRUE(engine->Shutdown().ok());
+}
+
+// Nobody waits (callbacks and Test polling only): the step's last op still runs, from the
+// engine thread (after one tick, then at once), with exact results.
+TEST(Engine, CachedOpsCompleteWithoutWaiters) {
+  const int P = World()->size(), me = World()->rank();
+  const std::vector<size_t> sizes = {16, 32, 7};
+  auto hc = MakeCollective(sizes);
+  std::vector<std::vector<float>> g;
+  auto engine = CachedEngine(hc.get(), sizes, 20, &g);
+  ASSERT_NE(engine, nullptr);
+  std::atomic<int> done{0};
+  for (int step = 12; step < 32; ++step) {
+    std::vector<HandlePtr> h(sizes.size());
+    for (size_t l = sizes.size(); l-- > 0;) {
+      g[l] = Grad(sizes[l], me, step);
+      h[l] = engine->Submit(static_cast<int>(l), g[l].data(), sizes[l], step,
+                            [&done](const Status& s) { done += s.ok(); });
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    for (const HandlePtr& x : h) {
+      while (!x->Test() && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      ASSERT_TRUE(x->Test()) << "step " << step << ": not complete after 20 s of polling";
+      ASSERT_TRUE(x->status().ok()) << x->status().ToString();
+    }
+    for (size_t l = 0; l < sizes.size(); ++l) {
+      size_t wrong = 0;
+      for (size_t i = 0; i < sizes[l]; ++i) wrong += g[l][i] != Expected(i, P, step);
+      EXPECT_EQ(wrong, 0u) << "layer " << l << " step " << step;
+    }
+  }
+  EXPECT_EQ(done.load(), 20 * static_cast<int>(sizes.size()));
+  EXPECT_TRUE(engine->Shutdown().ok());
 }
 
 TEST(Engine, ResponseCacheCatchesADeviationWithinTheStep) {
