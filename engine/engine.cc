@@ -6,7 +6,7 @@
 #include <chrono>
 #include <utility>
 
-#include "engine/liveness.h"
+#include "runtime/liveness.h"
 #include "runtime/agreement.h"
 #include "runtime/log.h"
 
@@ -103,15 +103,22 @@ Status Engine::SetUp() {
     // One more track after the layers: the negotiation rounds of the cycles that ran work.
     timeline_->SetLayerName(num_layers_, "negotiation");
   }
-  if (comm_->mpi_thread_level() >= MPI_THREAD_MULTIPLE && options_.peer_timeout_s > 0) {
-    engine::LivenessOptions lo;
+  Liveness& shared = comm_->liveness();
+  if (shared.active() && shared.peer_timeout_s() == options_.peer_timeout_s) {
+    // The communicator's watch (the same on every rank: the timeout is agreed), with this
+    // engine's choice of abort and grace while it lives.
+    watch_ = &shared;
+    previous_abort_ = shared.SetAbort(options_.peer_lost_abort, options_.peer_lost_grace_s);
+    observer_ = shared.AddObserver([this](const Status& s) { OnPeerLost(s); });
+  } else if (comm_->mpi_thread_level() >= MPI_THREAD_MULTIPLE && options_.peer_timeout_s > 0) {
+    // Options of its own (a test, a caller's EngineOptions): a watch of its own.
+    LivenessOptions lo;
     lo.peer_timeout_s = options_.peer_timeout_s;
     lo.abort_on_loss = options_.peer_lost_abort;
     lo.grace_s = options_.peer_lost_grace_s;
-    PSD_ASSIGN_OR_RETURN(liveness_, engine::Liveness::Create(comm_->mpi_comm(), lo,
-                                                             [this](const Status& s) {
-                                                               OnPeerLost(s);
-                                                             }));
+    PSD_ASSIGN_OR_RETURN(liveness_, Liveness::Create(comm_->mpi_comm(), lo,
+                                                     [this](const Status& s) { OnPeerLost(s); }));
+    watch_ = liveness_.get();
   }
   // A cached op waits this long for its layers before it gives up (doubled after each time it
   // had to): long enough for a forward pass between steps, short enough that a stall warning
@@ -155,6 +162,10 @@ Engine::~Engine() {
     MPI_Abort(MPI_COMM_WORLD, 70);
   }
   if (liveness_ != nullptr) liveness_->Leave();
+  if (observer_ != 0) {
+    comm_->liveness().RemoveObserver(observer_);  // waits for a call under way
+    comm_->liveness().SetAbort(previous_abort_.first, previous_abort_.second);
+  }
 }
 
 double Engine::shutdown_deadline_s() const {
@@ -163,7 +174,7 @@ double Engine::shutdown_deadline_s() const {
   return std::max(options_.peer_timeout_s, 1.0) + options_.peer_lost_grace_s + 30.0 + 5.0;
 }
 
-const Interrupt* Engine::interrupt() const { return liveness_.get(); }
+const Interrupt* Engine::interrupt() const { return watch_; }
 
 std::string Engine::LayerName(int layer) const {
   if (layer < 0 || layer >= num_layers_) return "?";

@@ -78,9 +78,7 @@
 
 namespace poseidon {
 
-namespace engine {
 class Liveness;
-}
 
 // What one Submit hands over. Pointers must stay valid until the handle completes.
 struct Gradient {
@@ -246,7 +244,12 @@ class Engine {
   std::vector<StrategyKind> layer_strategy_;
   std::unique_ptr<engine::Timeline> timeline_;
   std::unique_ptr<engine::Controller> controller_;
-  std::unique_ptr<engine::Liveness> liveness_;
+  // The peer watch: the communicator's when the timeout matches (watch_ points there and
+  // observer_ is set), else one of its own (liveness_); null when off.
+  std::unique_ptr<Liveness> liveness_;
+  Liveness* watch_ = nullptr;
+  int observer_ = 0;
+  std::pair<bool, double> previous_abort_{true, 0};
   std::unique_ptr<engine::Stream> stream_;  // device memory: the engine's stream
   int device_ = -1;                         // device memory: the CUDA device of the creator
   void* previous_stream_ = nullptr;         // the collective's stream before the engine

@@ -8,6 +8,7 @@
 #include "runtime/agreement.h"
 #include "runtime/build_config.h"
 #include "runtime/hash.h"
+#include "runtime/liveness.h"
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
@@ -93,6 +94,15 @@ Result<std::shared_ptr<Communicator>> Communicator::Create(MPI_Comm comm) {
   Status agreement = AgreeOnValues(c->comm_, agreed, "Communicator::Create");
   PSD_CHECK(valid);
   PSD_CHECK(agreement);
+
+  // Heartbeats from here on (the settings agree, so every rank creates it alike): a peer that
+  // freezes during set-up (the cost-model probe, planning, Engine::Create) or between engines
+  // is named and ends the job within the peer timeout, before any engine watches it.
+  LivenessOptions lo;
+  lo.peer_timeout_s = settings::PeerTimeoutS();
+  lo.abort_on_loss = settings::PeerLostAbort();
+  lo.grace_s = settings::PeerLostGraceS();
+  PSD_ASSIGN_OR_RETURN(c->liveness_, Liveness::Create(c->comm_, lo, nullptr));
   return c;
 }
 
@@ -100,6 +110,7 @@ Communicator::~Communicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // too late to free; MPI_Finalize released them
+  liveness_.reset();  // leaves: the peers stop watching this rank
   device_backend_.reset();  // the staged backend refers to the host backend
   host_backend_.reset();
   if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);

@@ -13,6 +13,8 @@
 
 namespace poseidon {
 
+class Liveness;
+
 // Calls MPI_Init_thread (asking for MPI_THREAD_MULTIPLE) unless MPI is already initialized.
 // Returns the thread level MPI provides.
 Result<int> InitMpi(int* argc, char*** argv);
@@ -55,6 +57,11 @@ class Communicator {
   // has no usable GPU or this build has no CUDA; the answer is kept for later calls.
   Result<Backend*> backend(MemoryKind memory);
 
+  // The peer watch started with the communicator (POSEIDON_PEER_TIMEOUT_S and friends;
+  // runtime/liveness.h): inert when off, at one rank, or below MPI_THREAD_MULTIPLE. An engine
+  // uses it when its options match.
+  Liveness& liveness() const { return *liveness_; }
+
  private:
   Communicator() = default;
 
@@ -69,6 +76,7 @@ class Communicator {
   bool device_probed_ = false;
   std::unique_ptr<Backend> device_backend_;
   Status device_status_;
+  std::unique_ptr<Liveness> liveness_;
 };
 
 }  // namespace poseidon

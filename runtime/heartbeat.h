@@ -1,4 +1,4 @@
-// HeartbeatChannel: the transport under peer-liveness detection (engine/liveness.h), and the only
+// HeartbeatChannel: the transport under peer-liveness detection (runtime/liveness.h), and the only
 // place where its MPI traffic lives.
 //
 // A beat is one 64-bit word, (sequence << 1) | leaving, sent point to point on a private

@@ -1,4 +1,4 @@
-# Peer liveness (engine/liveness.h) and its heartbeat transport, under mpirun.
+# Peer liveness (runtime/liveness.h) and its heartbeat transport, under mpirun.
 add_executable(liveness_test engine/liveness_test.cc)
 target_link_libraries(liveness_test PRIVATE poseidon_engine poseidon_mpi_test_main)
 # Under ThreadSanitizer, Open MPI's own internals are suppressed (see engine/tsan.supp).

@@ -1,11 +1,11 @@
-// Multi-rank tests of peer liveness (engine/liveness.h) and its transport (runtime/heartbeat.h).
+// Multi-rank tests of peer liveness (runtime/liveness.h) and its transport (runtime/heartbeat.h).
 //
 // A frozen peer is made for real: the last rank raises SIGSTOP on itself. In the detection test
 // the survivors run with abort_on_loss off, and rank 0 sends SIGCONT once it has measured the
 // detection (or given up), so every rank reaches MPI_Finalize and the run exits 0 on success.
 // The abort case (DISABLED_ here) ends the job on purpose; liveness_abort_test.sh runs it and
 // checks the exit status, the time to the end of the job and the "lost peer" line.
-#include "engine/liveness.h"
+#include "runtime/liveness.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -16,8 +16,9 @@
 //      grace_s later. It waits for nothing else (not the engine thread, which may be stuck in a
 //      vendor call with the lost peer, nor any MPI operation), so the bound holds whatever
 //      on_lost or the rest of the process does.
-//   3. on_lost(status) runs on the liveness thread (the engine fails its handles there). It
-//      should return promptly: the liveness thread keeps beating only after it returns.
+//   3. on_lost(status), then every observer (AddObserver), run on the liveness thread (an
+//      engine fails its handles there). They should return promptly: the liveness thread keeps
+//      beating only after they return.
 //
 // Inert objects (Check() always OK, no thread, no traffic): peer_timeout_s == 0, a single rank,
 // or MPI below MPI_THREAD_MULTIPLE (the liveness thread cannot call MPI beside the engine
@@ -25,7 +26,7 @@
 //
 // Threading: Create is collective over comm. Check() is lock-free until a loss (an atomic flag)
 // and safe from any thread. Leave() and the destructor are local and return within ~100 ms.
-// Destroy (or Leave) every Liveness before MPI_Finalize.
+// MPI_Finalize calls Leave() on every Liveness still running (an attribute on MPI_COMM_SELF).
 #pragma once
 
 #include <mpi.h>
@@ -38,16 +39,15 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/backend.h"
 #include "runtime/status.h"
 
 namespace poseidon {
-class HeartbeatChannel;
-}
 
-namespace poseidon::engine {
+class HeartbeatChannel;
 
 struct LivenessOptions {
   // Seconds without any beat from a peer after which it is lost; 0 disables liveness. Must be
@@ -85,6 +85,17 @@ class Liveness : public Interrupt {
   // not destroy the object.
   void Leave();
 
+  // More code to run on loss, after on_lost, on the liveness thread (an engine fails its
+  // handles there); called at once, on this thread, when the loss is already declared. Returns
+  // an id for RemoveObserver, which returns only after a call under way has finished.
+  int AddObserver(std::function<void(const Status&)> on_lost);
+  void RemoveObserver(int id);
+
+  // Changes what a loss does from now on (POSEIDON_PEER_LOST_ABORT / _GRACE_S for this rank;
+  // an engine sets its own options on the communicator's watch). Returns the previous values.
+  std::pair<bool, double> SetAbort(bool abort_on_loss, double grace_s);
+  double peer_timeout_s() const { return options_.peer_timeout_s; }
+
   // Whether this object watches peers (false for the inert cases above).
   bool active() const { return active_; }
   // Seconds between beats; 0 when inert.
@@ -93,14 +104,17 @@ class Liveness : public Interrupt {
  private:
   Liveness() = default;
   void Run();
+  static void RegisterForFinalize(Liveness* l);
+  static void UnregisterForFinalize(Liveness* l);
   // Builds the status naming the lost peers, publishes it, prints it, arms the abort timer and
   // calls on_lost. Liveness thread only.
   void DeclareLost(const std::string& lost);
   // After the loop: tells every peer still watching this rank that it leaves (~100 ms at most).
   void SendLeaving(uint64_t seq, const std::vector<char>& peer_left);
 
-  // Set by Create, read-only afterwards.
+  // Set by Create, read-only afterwards but for abort_on_loss and grace_s (abort_mu_).
   LivenessOptions options_;
+  mutable std::mutex abort_mu_;  // a leaf
   std::function<void(const Status&)> on_lost_;
   double interval_s_ = 0;
   bool active_ = false;
@@ -115,10 +129,13 @@ class Liveness : public Interrupt {
   std::mutex thread_mu_;
   std::condition_variable wake_;  // with thread_mu_: stop_ was set
   bool stop_ = false;             // guarded by thread_mu_
+  std::mutex observers_mu_;  // held while observers run
+  std::vector<std::pair<int, std::function<void(const Status&)>>> observers_;
+  int next_observer_ = 1;  // guarded by observers_mu_
   mutable std::mutex status_mu_;
   Status status_;  // guarded by status_mu_; non-OK once lost_ is set
 
   std::thread thread_;
 };
 
-}  // namespace poseidon::engine
+}  // namespace poseidon

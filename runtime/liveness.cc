@@ -9,7 +9,7 @@
 //   3. Once per object: any watched peer silent for peer_timeout_s is lost (DeclareLost).
 //   4. Sleep until the next beat or half an interval, whichever is first.
 // Leave() stops the loop; the thread then sends its "leaving" beat and exits.
-#include "engine/liveness.h"
+#include "runtime/liveness.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +21,7 @@
 #include "runtime/heartbeat.h"
 #include "runtime/log.h"
 
-namespace poseidon::engine {
+namespace poseidon {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -53,6 +53,20 @@ void EndJobAfter(double grace_s) {
   if (!finalized) MPI_Abort(MPI_COMM_WORLD, kPeerLostExitCode);
   // MPI_Abort does not return; after MPI_Finalize it may not be called at all.
   std::_Exit(kPeerLostExitCode);
+}
+
+// Liveness objects whose thread runs. MPI_Finalize stops them first (through an attribute on
+// MPI_COMM_SELF, whose delete callback MPI runs at the start of MPI_Finalize while MPI is still
+// usable): an object kept past it (a binding's communicator freed late) must not call MPI after.
+std::mutex g_live_mu;
+std::vector<Liveness*>* g_live = nullptr;  // guarded by g_live_mu; never freed (exit order)
+
+int LeaveAllAtFinalize(MPI_Comm, int, void*, void*) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  if (g_live != nullptr) {
+    for (Liveness* l : *g_live) l->Leave();
+  }
+  return MPI_SUCCESS;
 }
 
 std::string OneDecimal(double v) {
@@ -128,10 +142,14 @@ Result<std::unique_ptr<Liveness>> Liveness::Create(MPI_Comm comm, const Liveness
     return InternalError("Liveness::Create: could not start the liveness thread: ", e.what());
   }
   l->active_ = true;
+  RegisterForFinalize(l.get());
   return l;
 }
 
-Liveness::~Liveness() { Leave(); }
+Liveness::~Liveness() {
+  UnregisterForFinalize(this);
+  Leave();
+}
 
 Status Liveness::Check() const {
   if (!lost_.load(std::memory_order_acquire)) return Status::Ok();
@@ -269,12 +287,27 @@ void Liveness::SendLeaving(uint64_t seq, const std::vector<char>& peer_left) {
   wait_sends(deadline);
 }
 
+std::pair<bool, double> Liveness::SetAbort(bool abort_on_loss, double grace_s) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  std::pair<bool, double> before{options_.abort_on_loss, options_.grace_s};
+  options_.abort_on_loss = abort_on_loss;
+  options_.grace_s = grace_s;
+  return before;
+}
+
 void Liveness::DeclareLost(const std::string& lost) {
   const int me = channel_->rank();
+  bool abort_on_loss = false;
+  double grace_s = 0;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    abort_on_loss = options_.abort_on_loss;
+    grace_s = options_.grace_s;
+  }
   std::string message = StrCat("rank ", me, " (host ", channel_->host(me), "): ", lost,
                                " (POSEIDON_PEER_TIMEOUT_S=", options_.peer_timeout_s, "); ");
-  if (options_.abort_on_loss) {
-    message += StrCat("the job ends in ", options_.grace_s,
+  if (abort_on_loss) {
+    message += StrCat("the job ends in ", grace_s,
                       " s (POSEIDON_PEER_LOST_ABORT=0 keeps it running)");
   } else {
     message += "POSEIDON_PEER_LOST_ABORT=0: the job keeps running";
@@ -290,29 +323,77 @@ void Liveness::DeclareLost(const std::string& lost) {
 
   // The timer runs on a thread of its own so that the bound holds even if on_lost blocks.
   bool timer_armed = false;
-  if (options_.abort_on_loss) {
+  if (abort_on_loss) {
     try {
-      std::thread(EndJobAfter, options_.grace_s).detach();
+      std::thread(EndJobAfter, grace_s).detach();
       timer_armed = true;
     } catch (const std::system_error&) {
       // No thread to spare: this thread keeps the time itself, after on_lost.
     }
   }
   const Clock::time_point declared_at = Clock::now();
-  if (on_lost_) {
+  auto call = [&status](const std::function<void(const Status&)>& f) {
     // Exceptions never leave a Poseidon thread.
     try {
-      on_lost_(status);
+      f(status);
     } catch (const std::exception& e) {
       PSD_LOG(kError, "Liveness: on_lost threw: ", e.what());
     } catch (...) {
       PSD_LOG(kError, "Liveness: on_lost threw a non-standard exception");
     }
+  };
+  if (on_lost_) call(on_lost_);
+  {
+    std::lock_guard<std::mutex> lock(observers_mu_);
+    for (const auto& [id, f] : observers_) call(f);
   }
-  if (options_.abort_on_loss && !timer_armed) {
+  if (abort_on_loss && !timer_armed) {
     const Seconds spent = Clock::now() - declared_at;
-    EndJobAfter(std::max(0.0, options_.grace_s - spent.count()));
+    EndJobAfter(std::max(0.0, grace_s - spent.count()));
   }
 }
 
-}  // namespace poseidon::engine
+int Liveness::AddObserver(std::function<void(const Status&)> on_lost) {
+  Status now;
+  int id = 0;
+  {
+    std::lock_guard<std::mutex> lock(observers_mu_);
+    id = next_observer_++;
+    if (!lost_.load(std::memory_order_acquire)) {
+      observers_.emplace_back(id, std::move(on_lost));
+      return id;
+    }
+  }
+  // Already lost: the observer hears it at once, on this thread.
+  now = Check();
+  if (on_lost) on_lost(now);
+  return id;
+}
+
+void Liveness::RemoveObserver(int id) {
+  std::lock_guard<std::mutex> lock(observers_mu_);
+  observers_.erase(std::remove_if(observers_.begin(), observers_.end(),
+                                  [id](const auto& o) { return o.first == id; }),
+                   observers_.end());
+}
+
+void Liveness::RegisterForFinalize(Liveness* l) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  if (g_live == nullptr) {
+    g_live = new std::vector<Liveness*>();
+    int key = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, LeaveAllAtFinalize, &key, nullptr) ==
+        MPI_SUCCESS) {
+      MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+    }
+  }
+  g_live->push_back(l);
+}
+
+void Liveness::UnregisterForFinalize(Liveness* l) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  if (g_live == nullptr) return;
+  g_live->erase(std::remove(g_live->begin(), g_live->end(), l), g_live->end());
+}
+
+}  // namespace poseidon
