@@ -535,9 +535,12 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "poseidon_mlp: rank %d: %s\n", rank, st.ToString().c_str());
     std::fflush(stderr);
     // The error may be this rank's alone; aborting keeps the other ranks from waiting forever
-    // in their next collective.
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
+    // in their next collective. A lost peer exits with its own code (kPeerLost, 9), as the
+    // liveness watchdog's abort does.
+    const int code = st.code() == StatusCode::kPeerLost ? static_cast<int>(StatusCode::kPeerLost)
+                                                         : 1;
+    MPI_Abort(MPI_COMM_WORLD, code);
+    return code;
   }
   return outcome.params_identical && !outcome.check_failed ? 0 : 1;
 }

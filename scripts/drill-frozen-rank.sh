@@ -11,11 +11,12 @@
 #  3. Wait for mpirun. Record: hung (hit the 60 s timeout), exit code, seconds from the stop to
 #     mpirun's exit, whether the output names the stopped rank ("lost peer rank R"), where the
 #     stop landed, and the trainer processes mpirun left behind (killed by the marker). Where:
-#     "startup" when the stopped rank had fewer than 6 threads (main + Open MPI's 3 during and
-#     after MPI_Init; the engine and liveness threads make 6) and rank 0 had not printed
-#     "initial :" (printed once every rank's engine is up); "training" otherwise ("done" after
-#     the summary). Liveness exists only while the engine runs, so a stop at start-up (inside
-#     MPI_Init, say) is not expected to end the job: those hangs are counted apart.
+#     "startup" when rank 0 had not printed "initial :" (printed once every rank's engine is
+#     up), "init" within that when the stopped rank had fewer than 5 threads (main + Open
+#     MPI's 3 during and after MPI_Init; the first communicator's liveness thread makes 5);
+#     "training" otherwise ("done" after the summary). Liveness starts with the
+#     Communicator, so a stop inside MPI_Init (before it) is not expected to end the job:
+#     those hangs are counted apart; every later stop must end it.
 #  4. One line per trial, then a summary: hangs, max / median seconds from stop to exit, named.
 #
 #   scripts/drill-frozen-rank.sh                                  # 20 trials, np 4, auto
@@ -117,7 +118,7 @@ echo "drill-frozen-rank: $TRIALS trials, np $NP, strategy $STRATEGY, hidden ${HI
   "POSEIDON_PEER_LOST_GRACE_S=${POSEIDON_PEER_LOST_GRACE_S:-default}, stop 0.5-3 s after $FROM," \
   "outer timeout ${OUTER_TIMEOUT} s; load average $load_before"
 
-hangs=0 named=0 nonzero=0 leftovers_total=0 startup_stops=0 startup_hangs=0
+hangs=0 named=0 nonzero=0 leftovers_total=0 init_stops=0 init_hangs=0
 secs=() phases=() tnamed=0
 for ((t = 1; t <= TRIALS; t++)); do
   log="$WORK/trial-$t.log"
@@ -145,7 +146,8 @@ for ((t = 1; t <= TRIALS; t++)); do
   if [[ -n "$pid" ]] && kill -STOP "$pid" 2>/dev/null; then stop=$(now); fi
   threads=$(awk '/^Threads:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
   phase=startup
-  if grep -q "^initial :" "$log" || [[ ${threads:-0} -ge 6 ]]; then phase=training; fi
+  [[ ${threads:-0} -lt 5 ]] && phase=init
+  grep -q "^initial :" "$log" && phase=training
   grep -q "^summary :" "$log" && phase="done"
   wait "$MPIRUN_PID"
   rc=$?
@@ -167,16 +169,16 @@ for ((t = 1; t <= TRIALS; t++)); do
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then
     hung=yes
     hangs=$((hangs + 1))
-    [[ $phase == startup ]] && startup_hangs=$((startup_hangs + 1))
+    [[ $phase == init ]] && init_hangs=$((init_hangs + 1))
   fi
   [[ $rc -ne 0 ]] && nonzero=$((nonzero + 1))
   is_named=no
   if grep -q "lost peer rank $rank (host " "$log"; then is_named=yes; named=$((named + 1)); fi
-  [[ $phase == startup ]] && startup_stops=$((startup_stops + 1))
+  [[ $phase == init ]] && init_stops=$((init_stops + 1))
   s=$(sub "$stop" "$end")
   secs+=("$s")
   phases+=("$phase")
-  [[ $phase != startup && $is_named == yes ]] && tnamed=$((tnamed + 1))
+  [[ $phase != init && $is_named == yes ]] && tnamed=$((tnamed + 1))
   echo "trial $t: stopped rank $rank (pid $pid) $(sub "$launch" "$stop") s after launch [$phase, $threads threads];" \
     "exit $rc after ${s} s; hung $hung; named $is_named; leftovers $left"
 done
@@ -190,16 +192,16 @@ max_median() {
 }
 n=${#secs[@]}
 read -r smax smed < <(max_median "${secs[@]}")
-# The same figures over the stops that landed in training (the engine's liveness running).
+# The same figures over the stops after MPI_Init (the communicator's liveness running).
 tsecs=()
-for ((i = 0; i < n; i++)); do [[ ${phases[$i]} != startup ]] && tsecs+=("${secs[$i]}"); done
+for ((i = 0; i < n; i++)); do [[ ${phases[$i]} != init ]] && tsecs+=("${secs[$i]}"); done
 tn=${#tsecs[@]}
 read -r tmax tmed < <(max_median "${tsecs[@]}")
 echo "summary: np $NP, strategy $STRATEGY, hidden ${HIDDEN:-default}: $n trials; hangs $hangs;" \
   "seconds from stop to exit: max $smax, median $smed; named $named/$n; non-zero exit $nonzero/$n;" \
-  "stopped at start-up $startup_stops (hung $startup_hangs); in training $tn: hangs" \
-  "$((hangs - startup_hangs)), stop to exit max $tmax, median $tmed, named $tnamed/$tn;" \
+  "stopped inside MPI_Init $init_stops (hung $init_hangs); after it $tn: hangs" \
+  "$((hangs - init_hangs)), stop to exit max $tmax, median $tmed, named $tnamed/$tn;" \
   "leftover processes $leftovers_total;" \
   "load average $load_before -> $(cut -d' ' -f1-3 /proc/loadavg)"
-# Passes when every stop in training ended the job and named the rank, and nothing was left.
-((hangs == startup_hangs && tnamed == tn && leftovers_total == 0))
+# Passes when every stop after MPI_Init ended the job and named the rank, and nothing was left.
+((hangs == init_hangs && tnamed == tn && leftovers_total == 0))

@@ -135,8 +135,11 @@ Status LayerExchange::WaitLayer(int l) {
     if (*h == nullptr) continue;
     Status s = (*h)->Wait();
     if (!s.ok() && st.ok()) {
-      st = s.WithPrefix(
-          StrCat("step ", (*h)->step(), ": layer ", hc_->layer((*h)->layer()).name, ": "));
+      // The engine's messages name the layer and step already ("layer 0 (fc0.weight) step 3:").
+      const bool named = s.message().find(StrCat("layer ", (*h)->layer(), " (")) != std::string::npos;
+      st = named ? s
+                 : s.WithPrefix(StrCat("step ", (*h)->step(), ": layer ",
+                                       hc_->layer((*h)->layer()).name, ": "));
     }
     h->reset();
   }
