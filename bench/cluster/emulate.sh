@@ -23,9 +23,10 @@
 # down`: packets vanish, no connection is reset, as when a cable is pulled). Within timeout +
 # grace + 8 s of the cut, the trainers on the other hosts must have ended with a survivor naming
 # rank I (host nI) as lost (Poseidon's part), and mpirun must have exited non-zero (the
-# launcher's part: Open MPI's mpirun also waits for its daemon on the cut host). Liveness runs
-# with the engine only: a cut during the trainer's set-up (about 4 s at P=4, the cost model is
-# measured afresh) is not detected. The result is printed; nothing goes to bench/RESULTS.md.
+# launcher's part: Open MPI's mpirun also waits for its daemon on the cut host; its out-of-band
+# TCP keepalive is turned down to 3 s + 3 x 1 s for the drill). Liveness runs from the first
+# Communicator: a cut during the trainer's set-up (the cost-model probe) is detected too; one
+# inside MPI_Init is not. The result is printed; nothing goes to bench/RESULTS.md.
 #
 # Compute is emulated with sleeps (see poseidon_model_trainer); --compute-scale makes the
 # compute : communication ratio of a modelled cluster on these links: modelling 10 Gbit/s with
@@ -284,14 +285,12 @@ cut_run() {
     launcher=FAIL launcher_why="mpirun exited ${launcher_s} s after the cut"
   fi
   if [[ $ranks == FAIL && $setup_done == no ]]; then
-    ranks_why="$ranks_why; the cut came before the trainer's preamble, during its set-up (cost"
-    ranks_why="$ranks_why model measurement, plan), when no engine, so no liveness, runs yet"
+    ranks_why="$ranks_why; the cut came before the trainer's preamble (inside MPI_Init, before"
+    ranks_why="$ranks_why any communicator, so no liveness, runs yet?)"
   fi
   if [[ $ranks == PASS && $launcher == FAIL ]]; then
     launcher_why="$launcher_why: the ranks had ended, mpirun waited for its daemon on the cut"
-    launcher_why="$launcher_why host (OMPI_MCA_oob_tcp_keepalive_time=3"
-    launcher_why="$launcher_why OMPI_MCA_oob_tcp_keepalive_intvl=1 OMPI_MCA_oob_tcp_keepalive_probes=3"
-    launcher_why="$launcher_why let it notice a silent daemon)"
+    launcher_why="$launcher_why host (oob_tcp_keepalive_* should have let it notice)"
   fi
   echo "=== FAULT lines:"
   grep -E "lost peer|MPI_ABORT was invoked|ORTE has lost|abort is already" "$out" |
@@ -314,6 +313,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN_FLAGS="--bind-to none --mca plm_rsh_agent $AGENT --mca plm_rsh_no_tree_spawn 1
   --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
   --mca btl_tcp_links 2 --mca mpi_yield_when_idle 1"
+if [[ -n "$CUT_HOST" ]]; then
+  # mpirun learns of a silent daemon (the cut host's) only from TCP keepalive on its
+  # out-of-band link: probe after 3 s idle, every 1 s, 3 misses (Linux defaults: 2 h).
+  MPIRUN_FLAGS="$MPIRUN_FLAGS --mca oob_tcp_keepalive_time 3 --mca oob_tcp_keepalive_intvl 1
+  --mca oob_tcp_keepalive_probes 3"
+fi
 : > "$LOG"
 for p in $HOSTS; do
   hostlist="n0"
