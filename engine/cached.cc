@@ -15,6 +15,7 @@
 //      flag exactly as a negotiated round would.
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "engine/engine.h"
 #include "runtime/log.h"
@@ -74,12 +75,13 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
   // How long the sleep below lasts without a wake-up: the grain of the waiting and patience
   // checks, and the longest a step's last op lies complete when nobody waits for it (once).
   constexpr auto kTick = std::chrono::milliseconds(5);
+  constexpr double kTickUs = 5000;
   const size_t op_index = next_op_;
   const engine::CachedOp& op = schedule_[op_index];
   // 1. Readiness.
   const double start = NowUs();
   double waiting_since = -1;  // a user thread has been waiting since (while incomplete)
-  bool ready = false, shutdown = false, ticked = false;
+  bool ready = false, shutdown = false;
   const char* why = "";
   for (bool first = true;; first = false) {
     if (!first) {
@@ -89,12 +91,13 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
       // ops meanwhile (RunForWaiter): on waking, a changed op starts a fresh cycle.
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (incoming_.empty()) {
+        if (incoming_.empty() && !waiter_blocked_) {
           ArmLocked();
           EngineLink::busy = false;
           exec->unlock();
-          ticked = !cv_.wait_for(lock, kTick, [&] {
-            return kick_ || !local_errors_.empty() || shutdown_requested_ || !sticky_.ok();
+          cv_.wait_for(lock, kTick, [&] {
+            return kick_ || waiter_blocked_ || !local_errors_.empty() || shutdown_requested_ ||
+                   !sticky_.ok();
           });
           lock.unlock();
           exec->lock();
@@ -126,12 +129,30 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
       break;
     }
     if (r.complete) {
+      if (op_index + 1 == schedule_.size() && !wake_for_last_.load(std::memory_order_relaxed)) {
+        // The step's last op: its user is about to wait for it and run it (RunForWaiter). Run
+        // it here only for a waiter that could not (this thread held exec_mu_), or once it has
+        // lain complete for a whole tick: then nobody waits (callbacks, polling), and from now
+        // on its completion wakes this thread at once.
+        bool blocked = false;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          blocked = waiter_blocked_;
+        }
+        if (!blocked && link_->waiters.load(std::memory_order_seq_cst) == 0) {
+          double newest = 0;
+          for (int l : op.layers) {
+            newest = std::max(newest, queues_[static_cast<size_t>(l)].front().submit_us);
+          }
+          if (NowUs() - newest < kTickUs) continue;
+          wake_for_last_.store(true, std::memory_order_relaxed);
+        }
+      }
       ready = true;
-      if (ticked && op_index + 1 == schedule_.size()) {
-        // The step's last op lay complete for a whole tick: nobody waits for it (callbacks,
-        // polling). From now on its completion wakes this thread at once.
-        std::lock_guard<std::mutex> lock(mu_);
-        wake_for_last_ = true;
+      if (op_index + 1 == schedule_.size() && link_->waited.exchange(false)) {
+        // Users wait for their handles after all (this op was run here before they came):
+        // leave the step's last op to them again.
+        wake_for_last_.store(false, std::memory_order_relaxed);
       }
       break;
     }
@@ -156,10 +177,32 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
 }
 
 void Engine::RunForWaiter(const Handle& h) {
+  // Users wait for their handles: the step's last op is theirs to run (see CachedCycle).
+  wake_for_last_.store(false, std::memory_order_relaxed);
+  // The engine thread holds the executor for a moment after each round (its bookkeeping,
+  // while this thread, woken by that round, has already submitted the next step): wait that
+  // moment out rather than leave it the op (and then the next one, and so on). Never long: the
+  // engine thread may be inside an exchange, and a handle failed meanwhile (a lost peer) must
+  // reach this waiter.
+  // (Polled: TSan does not see std::timed_mutex's clock-based lock.)
   std::unique_lock<std::mutex> exec(exec_mu_, std::try_to_lock);
-  if (!exec.owns_lock()) return;  // the engine thread is running: it completes the handle
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+  while (!exec.owns_lock() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::yield();
+    exec.try_lock();
+  }
+  if (!exec.owns_lock()) {
+    // The engine thread holds the executor: it runs the op if it is complete (this flag stops
+    // it from leaving the step's last op to this thread), else this thread sleeps until it is.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiter_blocked_ = true;
+    }
+    cv_.notify_one();
+    return;
+  }
   EngineLink::busy = true;
-  bool ran = false, ran_last = false;
+  bool ran = false;
   while (!halted_ && cached_ && !h.Test()) {
     // Only a complete op that every rank will find complete too; anything else (a shutdown,
     // an error, a deviation, a lost peer) is the engine thread's, which is awake for it.
@@ -167,7 +210,6 @@ void Engine::RunForWaiter(const Handle& h) {
     if (const Interrupt* in = interrupt(); in != nullptr && !in->Check().ok()) break;
     if (!CheckCachedOp(schedule_[next_op_]).complete) break;
     ran = true;
-    ran_last = next_op_ + 1 == schedule_.size();
     counters_.waiter_ops.fetch_add(1, std::memory_order_relaxed);
     if (!CachedRound(true, false, "", NowUs())) {
       halted_ = true;
@@ -182,7 +224,6 @@ void Engine::RunForWaiter(const Handle& h) {
     std::lock_guard<std::mutex> lock(mu_);
     ArmLocked();
     kick_ = wake;
-    if (ran_last) wake_for_last_ = false;  // users wait for the step's last op: they run it
   }
   EngineLink::busy = false;
   exec.unlock();
@@ -191,6 +232,10 @@ void Engine::RunForWaiter(const Handle& h) {
 
 bool Engine::CachedRound(bool ready, bool shutdown, const char* why, double start) {
   const engine::CachedOp& op = schedule_[next_op_];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiter_blocked_ = false;  // a blocked waiter's op may be this one; if not, Submit wakes us
+  }
   // 2. The round.
   std::vector<engine::Descriptor> heads;
   DenseBatch batch;

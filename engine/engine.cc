@@ -293,7 +293,7 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
       // The op is complete. The last of a step: the user is about to wait for it and then runs
       // it itself (RunForWaiter); the engine thread's tick covers one that does not.
       wake = --awaited_ == 0 &&
-             (!awaited_last_ || wake_for_last_ ||
+             (!awaited_last_ || wake_for_last_.load(std::memory_order_relaxed) ||
               link_->waiters.load(std::memory_order_seq_cst) > 0);
     } else if (w == kWakeQuiet) {
       wake = false;

@@ -278,7 +278,8 @@ class Engine {
   std::vector<int> armed_;                 // guarded by mu_: the layers set kWakeAwaited
   int awaited_ = 0;                        // guarded by mu_: layers still kWakeAwaited
   bool awaited_last_ = false;              // guarded by mu_: the armed op ends a step
-  bool wake_for_last_ = false;             // guarded by mu_: nobody waits for the last op
+  std::atomic<bool> wake_for_last_{false};  // nobody waits for the step's last op
+  bool waiter_blocked_ = false;  // guarded by mu_: a waiter found exec_mu_ taken (cached.cc)
   bool kick_ = false;                      // guarded by mu_: a submission asked for a wake-up
 
   // The executor: held by the engine thread while it runs (released while a cached cycle

@@ -14,6 +14,11 @@ Handle::Handle(int layer, int64_t step, std::string layer_name)
     : layer_(layer), step_(step), layer_name_(std::move(layer_name)) {}
 
 Status Handle::Wait(double timeout_s) const {
+  // A timeout past ~30 years (or infinite, or NaN) is "forever": converting it to a clock
+  // duration would overflow and time out at once.
+  constexpr double kForeverS = 1e9;
+  const bool forever = timeout_s < 0 || !(timeout_s < kForeverS);
+  if (forever && link_) link_->waited.store(true, std::memory_order_relaxed);
   // Counted in the engine's waiters while this handle is incomplete, so the engine closes its
   // fusion window early and knows a thread waits (nothing more is coming from it). Complete
   // takes the count back at once: a woken thread not yet scheduled is no longer waiting.
@@ -25,10 +30,6 @@ Status Handle::Wait(double timeout_s) const {
       link_->waiters.fetch_add(1, std::memory_order_seq_cst);
     }
   }
-  // A timeout past ~30 years (or infinite, or NaN) is "forever": converting it to a clock
-  // duration would overflow and time out at once.
-  constexpr double kForeverS = 1e9;
-  const bool forever = timeout_s < 0 || !(timeout_s < kForeverS);
   if (link_ && forever && !EngineLink::busy) {
     // Run the exchange here if it is ready and the engine thread has not started it: this
     // thread would only sleep until it is done (another waiter may be running it already).

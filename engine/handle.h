@@ -27,6 +27,7 @@ class Handle;
 // itself instead of sleeping until the engine thread has run it (engine.h, "the waiter runs").
 struct EngineLink {
   std::atomic<int> waiters{0};
+  std::atomic<bool> waited{false};  // a thread called Wait without a timeout (the engine clears it)
   std::mutex mu;  // held while a waiter runs exchanges; the engine takes it to withdraw `run`
   std::function<void(const Handle&)> run;  // guarded by mu; empty once the engine has stopped
   // Set on a thread while it runs engine work (the engine thread, a waiter running an

@@ -811,7 +811,10 @@ TEST(Engine, WaitingThreadRunsCachedOps) {
   RunCachedSteps(engine.get(), sizes, 12, 40, &g, -1);
   const EngineStats after = engine->stats();
   EXPECT_EQ(after.completed - before.completed, 28 * static_cast<int64_t>(sizes.size()));
-  EXPECT_GT(after.waiter_ops, before.waiter_ops) << "no cached op ran on a waiting thread";
+  EXPECT_GT(after.waiter_ops, before.waiter_ops)
+      << "no cached op ran on a waiting thread; cached ops " << before.cached_ops << " -> "
+      << after.cached_ops << ", cache exits " << before.cache_exits << " -> " << after.cache_exits
+      << ", cycles " << before.cycles << " -> " << after.cycles;
   EXPECT_LE(after.waiter_ops, after.cached_ops);
   EXPECT_EQ(after.cache_exits, before.cache_exits);
   EXPECT_TRUE(engine->Shutdown().ok());
