@@ -201,15 +201,42 @@ long long TimeoutMs(py::handle t) {
   return static_cast<long long>(std::ceil(ms));
 }
 
+// Handles whose Python object went away while their exchange still ran: the engine keeps
+// reading and writing the arrays until it completes, so they stay referenced here (the C
+// handle too) and are let go, with the GIL held, once the exchange is done (ReapOrphans runs at
+// every submit, wait and test, and when a communicator is destroyed).
+struct Orphan {
+  psdHandle_t h;
+  std::vector<py::object> keep;
+};
+std::vector<Orphan>& Orphans() {
+  static auto* orphans = new std::vector<Orphan>();  // never freed: objects may outlive exit
+  return *orphans;
+}
+void ReapOrphans() {
+  auto& orphans = Orphans();
+  for (size_t i = 0; i < orphans.size();) {
+    int done = 0;
+    // Anything but "still running" (psdSuccess with done = 0) ends the borrowing: a failed
+    // exchange returns its error with done = 1.
+    if (psdTest(orphans[i].h, &done) != psdSuccess) done = 1;
+    if (done) {
+      psdHandleFree(orphans[i].h);
+      orphans.erase(orphans.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
 class Handle {
  public:
   Handle(psdHandle_t h, std::vector<py::object> keep) : h_(h), keep_(std::move(keep)) {}
-  ~Handle() {
-    if (h_ != nullptr) psdHandleFree(h_);
-  }
+  ~Handle() { Release(); }
   // True when complete; raises the exchange's error. See TimeoutMs for the timeout.
   bool Wait(py::handle timeout) {
     Live("wait");
+    ReapOrphans();
     const long long timeout_ms = TimeoutMs(timeout);
     psdResult_t r;
     {
@@ -222,17 +249,27 @@ class Handle {
   }
   bool Test() {
     Live("test");
+    ReapOrphans();
     int done = 0;
     Check(psdTest(h_, &done));
     return done != 0;
   }
-  void Free() {
-    if (h_ != nullptr) Check(psdHandleFree(h_));
-    h_ = nullptr;
-    keep_.clear();
-  }
+  // Frees the handle; an exchange still running keeps its arrays (see Orphans) until done.
+  void Free() { Release(); }
 
  private:
+  void Release() {
+    if (h_ == nullptr) return;
+    int done = 0;
+    if (psdTest(h_, &done) == psdSuccess && !done) {
+      Orphans().push_back(Orphan{h_, std::move(keep_)});
+    } else {
+      psdHandleFree(h_);
+    }
+    h_ = nullptr;
+    keep_.clear();
+    ReapOrphans();
+  }
   void Live(const char* what) {
     if (h_ == nullptr) BadArg(std::string("Handle.") + what + ": the handle was freed");
   }
@@ -255,6 +292,7 @@ class Comm {
   }
   ~Comm() {
     if (c_ != nullptr) psdCommDestroy(c_);
+    ReapOrphans();  // the engine failed what was pending: their arrays can go
   }
   void Destroy() {
     if (c_ == nullptr) return;
@@ -265,6 +303,7 @@ class Comm {
       py::gil_scoped_release release;
       r = psdCommDestroy(c);
     }
+    ReapOrphans();
     Check(r);
   }
   psdComm_t get() const {
@@ -385,6 +424,12 @@ class Comm {
     }
     int id = -1;
     Check(psdRegisterLayer(get(), &cfg, &id), get());
+    if (id >= 0) {
+      if (layers_.size() <= static_cast<size_t>(id)) layers_.resize(static_cast<size_t>(id) + 1);
+      size_t count = 1;
+      for (size_t d : shape) count *= d;
+      layers_[static_cast<size_t>(id)] = LayerShape{name, shape, count};
+    }
     return id;
   }
   void BuildPlan(size_t batch) {
@@ -411,9 +456,12 @@ class Comm {
     float *g = nullptr, *p = nullptr;
     const float *uu = nullptr, *vv = nullptr;
     size_t batch = 0;
-    auto f32 = [&](py::handle obj, const char* what, bool writable) -> float* {
+    ReapOrphans();
+    size_t counts[4] = {0, 0, 0, 0};  // grad, params, u, v
+    auto f32 = [&](py::handle obj, const char* what, bool writable, size_t* count) -> float* {
       if (obj.is_none()) return nullptr;
       View view = ToView(obj, what, writable);
+      *count = view.count;
       if (view.dtype != psdFloat32) BadArg(std::string(what) + ": expected float32 elements");
       if (view.memory != psdMemHost) {
         BadArg(std::string(what) +
@@ -424,17 +472,46 @@ class Comm {
       return static_cast<float*>(view.data);
     };
     SubmitChecks([&] {
-      g = f32(grad, "submit: grad", true);
-      p = f32(params, "submit: params", true);
-      uu = f32(u, "submit: u", false);
-      vv = f32(v, "submit: v", false);
+      g = f32(grad, "submit: grad", true, &counts[0]);
+      p = f32(params, "submit: params", true, &counts[1]);
+      uu = f32(u, "submit: u", false, &counts[2]);
+      vv = f32(v, "submit: v", false, &counts[3]);
+      size_t u_cols = 0, v_cols = 0;
       if (uu != nullptr) {
         View uv = ToView(u, "submit: u", false);
         if (uv.shape.size() != 2) BadArg("submit: u must be 2-D (batch x M)");
         batch = uv.shape[0];
+        u_cols = uv.shape[1];
         View vv2 = ToView(v, "submit: v", false);
         if (vv2.shape.size() != 2 || vv2.shape[0] != batch) {
           BadArg("submit: v must be 2-D with as many rows as u (" + std::to_string(batch) + ")");
+        }
+        v_cols = vv2.shape[1];
+      }
+      // The engine reads and writes exactly the layer's elements: a shorter array would be
+      // overrun (a crash on every rank, or silent corruption).
+      if (layer >= 0 && static_cast<size_t>(layer) < layers_.size()) {
+        const LayerShape& want = layers_[static_cast<size_t>(layer)];
+        const std::string at = "submit: layer " + std::to_string(layer) + " (" + want.name + ")";
+        if (g != nullptr && counts[0] != want.count) {
+          BadArg(at + ": grad has " + std::to_string(counts[0]) + " elements; expected " +
+                 std::to_string(want.count));
+        }
+        if (p != nullptr && counts[1] != want.count) {
+          BadArg(at + ": params has " + std::to_string(counts[1]) + " elements; expected " +
+                 std::to_string(want.count));
+        }
+        if (uu != nullptr) {
+          if (want.shape.size() != 2) {
+            BadArg(at + ": factors u, v given for a layer of " + std::to_string(want.shape.size()) +
+                   " dimensions; expected a fully connected layer (2-D, M x N)");
+          }
+          if (u_cols != want.shape[0] || v_cols != want.shape[1]) {
+            BadArg(at + ": factors are " + std::to_string(batch) + " x " + std::to_string(u_cols) +
+                   " and " + std::to_string(batch) + " x " + std::to_string(v_cols) +
+                   "; expected batch x " + std::to_string(want.shape[0]) + " and batch x " +
+                   std::to_string(want.shape[1]));
+          }
         }
       }
     });
@@ -504,6 +581,13 @@ class Comm {
     Check(r, c);
   }
   psdComm_t c_ = nullptr;
+  // What register_layer was given, by layer id: submit checks the arrays against it.
+  struct LayerShape {
+    std::string name;
+    std::vector<size_t> shape;
+    size_t count = 0;
+  };
+  std::vector<LayerShape> layers_;
 };
 
 }  // namespace

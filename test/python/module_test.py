@@ -187,6 +187,37 @@ check("rank %d" % bad in msg and "expected float32 elements" in msg,
 check(time.monotonic() - t0 < 10, "one rank's refused submit failed every rank fast")
 c3.destroy()
 
+# Freeing a handle while its exchange runs: the arrays it borrows stay alive until the
+# exchange is done (before, `del h` on a 16 MiB layer crashed every rank). The array here is
+# referenced only by the handle.
+c4 = poseidon.Comm()
+big = 4 * 1024 * 1024
+c4.register_layer("big", [big], strategy="allreduce")
+c4.register_layer("fc", [64, 32], kind="fc", strategy="allreduce")
+c4.build_plan(8)
+for _ in range(3):
+    h4 = c4.submit(0, np.full(big, r + 1.0, np.float32))
+    del h4
+    h4 = c4.submit(0, np.full(big, 1.0, np.float32))
+    h4.free()
+kept = np.full(big, 2.0, np.float32)
+h4 = c4.submit(0, kept)
+check(h4.wait(60000), "a submit after freed running handles completes")
+check(np.all(kept == 2.0), "and its values are exact (got %r)" % kept[:3])
+# Arrays of the wrong size for the layer: a clear error on the rank that passed them, never an
+# overrun (before, a 10-float grad for a 4M layer crashed every rank).
+expect_error(poseidon.InvalidArgumentError, lambda: c4.submit(0, np.zeros(10, np.float32)),
+             "grad has 10 elements; expected %d" % big)
+c4.destroy()
+c5 = poseidon.Comm()
+c5.register_layer("fc", [64, 32], kind="fc", strategy="allreduce")
+c5.build_plan(8)
+expect_error(poseidon.InvalidArgumentError,
+             lambda: c5.submit(0, np.zeros(64 * 32, np.float32), u=np.zeros((8, 32), np.float32),
+                               v=np.zeros((8, 64), np.float32)),
+             "factors are 8 x 32 and 8 x 64; expected batch x 64 and batch x 32")
+c5.destroy()
+
 c2 = poseidon.Comm()
 c2.destroy()
 expect_error(poseidon.InvalidArgumentError, lambda: c2.barrier(), "destroyed")
