@@ -14,9 +14,9 @@
 
 namespace poseidon {
 
-// Completion callback: runs exactly once, with the final status, on the engine thread (on the
-// liveness thread when a lost peer fails the handle; on the calling thread when Submit fails
-// at once). Keep it short; it may call Submit, but must not call Shutdown or Wait on a handle
+// Completion callback: runs exactly once, with the final status, on the engine thread (on a
+// user thread that ran the exchange in Wait, engine.h "the waiter runs"; on the liveness
+// thread when a lost peer fails the handle; on the calling thread when Submit fails at once). Keep it short; it may call Submit, but must not call Shutdown or Wait on a handle
 // of the same engine. An exception it throws is caught and logged: it never reaches the engine.
 using DoneCallback = std::function<void(const Status&)>;
 
