@@ -102,6 +102,8 @@ class MpiBackend : public Backend {
   Result<ShmCollectives*> ShmFor(size_t bytes, const MpiWait& how);
 
   MPI_Comm comm_;
+  // AllReduceRecursiveDoubling's receive buffer, kept between calls (see there).
+  std::shared_ptr<std::vector<unsigned char>> rd_peer_;
   int rank_ = 0;
   int size_ = 1;
   std::unique_ptr<ShmCollectives> shm_;
