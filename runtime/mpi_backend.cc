@@ -83,6 +83,14 @@ struct Scratch {
 // pointer, and a posted call may outlive any stack frame.
 char g_empty[16];
 
+// The send buffer of a non-blocking allreduce of `buf` in place: a copy in scratch->send (see
+// Scratch::send for why).
+const void* OutOfPlaceSend(Scratch* scratch, const void* buf, size_t bytes) {
+  const auto* b = static_cast<const unsigned char*>(buf);
+  scratch->send.assign(b, b + bytes);
+  return scratch->send.empty() ? static_cast<const void*>(g_empty) : scratch->send.data();
+}
+
 // A request wrapping one MPI_Request, with an optional completion step (narrowing halves).
 class MpiRequest : public Request {
  public:
@@ -228,9 +236,8 @@ Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count
     } else {
       PSD_CHECK(RunMpi(how, "MPI_Allreduce", scratch, [&](MPI_Request* r) {
         if (r == nullptr) return MPI_Allreduce(MPI_IN_PLACE, wide, n, MPI_FLOAT, MPI_SUM, comm_);
-        scratch->send.assign(reinterpret_cast<unsigned char*>(wide),
-                             reinterpret_cast<unsigned char*>(wide + count));
-        return MPI_Iallreduce(scratch->send.data(), wide, n, MPI_FLOAT, MPI_SUM, comm_, r);
+        const void* copy = OutOfPlaceSend(scratch.get(), wide, count * sizeof(float));
+        return MPI_Iallreduce(copy, wide, n, MPI_FLOAT, MPI_SUM, comm_, r);
       }));
     }
     Narrow(dtype, wide, recv, count);
@@ -245,9 +252,7 @@ Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count
   std::shared_ptr<Scratch> scratch;
   if (how.interrupt != nullptr && src == MPI_IN_PLACE) {
     scratch = std::make_shared<Scratch>();
-    const auto* bytes = static_cast<const unsigned char*>(recv);
-    scratch->send.assign(bytes, bytes + count * DTypeSize(dtype));
-    src = scratch->send.data();
+    src = OutOfPlaceSend(scratch.get(), recv, count * DTypeSize(dtype));
   }
   return RunMpi(how, "MPI_Allreduce", scratch, [&](MPI_Request* r) {
     return r ? MPI_Iallreduce(src, recv, n, type, MPI_SUM, comm_, r)
@@ -516,22 +521,15 @@ Result<std::unique_ptr<Request>> MpiBackend::IAllReduce(const void* send, void* 
     auto& wide = req->scratch().wide;
     wide.resize(count);
     Widen(dtype, send, wide.data(), count);
-    auto& copy = req->scratch().send;  // out of place: see Scratch::send
-    copy.assign(reinterpret_cast<unsigned char*>(wide.data()),
-                reinterpret_cast<unsigned char*>(wide.data() + count));
-    rc = MPI_Iallreduce(copy.data(), wide.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                        comm_, req->handle());
+    const void* copy = OutOfPlaceSend(&req->scratch(), wide.data(), count * sizeof(float));
+    rc = MPI_Iallreduce(copy, wide.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_,
+                        req->handle());
     Scratch* scratch = &req->scratch();
     req->set_finish(
         [scratch, dtype, recv, count] { Narrow(dtype, scratch->wide.data(), recv, count); });
   } else {
-    const void* src = send;
-    if (send == recv) {  // out of place: see Scratch::send
-      auto& copy = req->scratch().send;
-      const auto* bytes = static_cast<const unsigned char*>(recv);
-      copy.assign(bytes, bytes + count * DTypeSize(dtype));
-      src = copy.empty() ? static_cast<const void*>(g_empty) : copy.data();
-    }
+    const void* src =
+        send == recv ? OutOfPlaceSend(&req->scratch(), recv, count * DTypeSize(dtype)) : send;
     rc = MPI_Iallreduce(src, recv, static_cast<int>(count), ToMpiType(dtype), MPI_SUM, comm_,
                         req->handle());
   }

@@ -14,12 +14,14 @@ psd_add_mpi_test(c_api_test NP 1 2 3 4 TIMEOUT 120 LABELS bindings)
 # communicator, np 2 checks the cross-rank agreement on bad arguments).
 add_executable(c_api_errors_test bindings/c_api_errors_test.cc)
 target_link_libraries(c_api_errors_test PRIVATE poseidon GTest::gtest)
+target_include_directories(c_api_errors_test PRIVATE ${PROJECT_SOURCE_DIR})  # test/gtest_ranks.h
 psd_add_mpi_test(c_api_errors_test NP 1 2 TIMEOUT 120 LABELS bindings)
 
 # The C API over the engine across ranks: a submission refused on one rank fails every rank
 # within seconds, huge psdWait timeouts wait for ever, a re-plan leaves no sticky error.
 add_executable(c_api_engine_test bindings/c_api_engine_test.cc)
 target_link_libraries(c_api_engine_test PRIVATE poseidon GTest::gtest)
+target_include_directories(c_api_engine_test PRIVATE ${PROJECT_SOURCE_DIR})  # test/gtest_ranks.h
 psd_add_mpi_test(c_api_engine_test NP 1 2 3 TIMEOUT 120 LABELS bindings)
 
 # Only psd* symbols leave libposeidon.so.

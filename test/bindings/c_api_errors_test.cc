@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "poseidon.h"  // includes mpi.h (C API only)
+#include "test/gtest_ranks.h"
 
 namespace {
 
@@ -384,10 +385,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
+  poseidon::testing::SetUpRankOutput(rank);
   int result = RUN_ALL_TESTS();
   int any = 0;
   MPI_Allreduce(&result, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
