@@ -27,29 +27,88 @@ size_t SumCounts(const std::vector<size_t>& counts) {
   return total;
 }
 
+ArgRecord RecordOf(const CollectiveArgs& args) {
+  ArgRecord r;
+  r.count = args.count;
+  r.dtype = args.dtype;
+  r.root = args.root;
+  r.layout_hash = static_cast<int64_t>(args.layout_hash);
+  r.bad = args.local.ok() ? 0 : 1;
+  return r;
+}
+
 namespace {
-constexpr int kFields = 5;  // count, dtype, root, hash (as int64), bad
+constexpr int kFields = 5;  // ArgRecord's fields, in order
 constexpr int kMsgLen = 240;
 
-std::string RanksWith(const std::vector<std::array<int64_t, kFields>>& all, int field,
+std::array<int64_t, kFields> Fields(const ArgRecord& r) {
+  return {r.count, r.dtype, r.root, r.layout_hash, r.bad};
+}
+ArgRecord FromFields(const std::array<int64_t, kFields>& f) {
+  ArgRecord r;
+  r.count = f[0];
+  r.dtype = f[1];
+  r.root = f[2];
+  r.layout_hash = f[3];
+  r.bad = f[4];
+  return r;
+}
+
+std::string RanksWith(const std::vector<ArgRecord>& all, int64_t ArgRecord::*field,
                       const char* what, bool as_dtype) {
   std::string out;
   int shown = 0;
   for (size_t r = 0; r < all.size() && shown < 8; ++r) {
     // Show every rank whose value differs from rank 0's, and rank 0 itself.
-    if (r != 0 && all[r][field] == all[0][field]) continue;
+    if (r != 0 && all[r].*field == all[0].*field) continue;
     if (!out.empty()) out += ", ";
     out += StrCat("rank ", r, ": ");
     if (as_dtype) {
-      out += DTypeName(static_cast<DType>(all[r][field]));
+      out += DTypeName(static_cast<DType>(all[r].*field));
     } else {
-      out += std::to_string(all[r][field]);
+      out += std::to_string(all[r].*field);
     }
     ++shown;
   }
   return StrCat(what, " differs across ranks (", out, ")");
 }
+
+bool Differs(const std::vector<ArgRecord>& all, int64_t ArgRecord::*field) {
+  for (const ArgRecord& r : all) {
+    if (r.*field != all[0].*field) return true;
+  }
+  return false;
+}
 }  // namespace
+
+Status ArgsVerdict(const CollectiveArgs& mine, const std::vector<ArgRecord>& all,
+                   const std::function<std::string(int)>& message_of) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].bad == 0) continue;
+    if (!mine.local.ok()) return mine.local;
+    return InvalidArgument(mine.call, ": rank ", r,
+                           " passed an invalid argument: ", message_of(static_cast<int>(r)));
+  }
+  if (all.empty()) return Status::Ok();
+  if (Differs(all, &ArgRecord::count)) {
+    return MismatchError(mine.call, ": ", RanksWith(all, &ArgRecord::count, "element count", false),
+                         "; expected the same count on every rank");
+  }
+  if (Differs(all, &ArgRecord::dtype)) {
+    return MismatchError(mine.call, ": ", RanksWith(all, &ArgRecord::dtype, "dtype", true),
+                         "; expected the same dtype on every rank");
+  }
+  if (Differs(all, &ArgRecord::root)) {
+    return MismatchError(mine.call, ": ", RanksWith(all, &ArgRecord::root, "root", false),
+                         "; expected the same root on every rank");
+  }
+  if (Differs(all, &ArgRecord::layout_hash)) {
+    return MismatchError(mine.call,
+                         ": the counts vector (shard layout) differs across ranks; expected the "
+                         "same counts on every rank");
+  }
+  return Status::Ok();
+}
 
 Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wait) {
   MpiWait how = wait;
@@ -68,8 +127,7 @@ Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wai
   auto x = std::make_shared<Exchange>();
   std::array<int64_t, kFields>& mine = x->mine;
   std::array<int64_t, 2 * kFields>& both = x->both;
-  mine = {args.count, args.dtype, args.root, static_cast<int64_t>(args.layout_hash),
-          args.local.ok() ? 0 : 1};
+  mine = Fields(RecordOf(args));
   for (int i = 0; i < kFields; ++i) {
     both[i] = mine[i];
     both[kFields + i] = mine[i] == INT64_MIN ? INT64_MAX : -mine[i];
@@ -105,29 +163,13 @@ Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wai
       return r ? MPI_Iallgather(msg, kMsgLen, MPI_CHAR, msgs.data(), kMsgLen, MPI_CHAR, comm, r)
                : MPI_Allgather(msg, kMsgLen, MPI_CHAR, msgs.data(), kMsgLen, MPI_CHAR, comm);
     }));
-    if (!args.local.ok()) return args.local;
-    for (int r = 0; r < size; ++r) {
-      if (all[static_cast<size_t>(r)][4] != 0) {
-        return InvalidArgument(args.call, ": rank ", r, " passed an invalid argument: ",
-                               std::string(&msgs[static_cast<size_t>(r) * kMsgLen]));
-      }
-    }
   }
-  if (both[0] != -both[kFields + 0]) {
-    return MismatchError(args.call, ": ", RanksWith(all, 0, "element count", false),
-                         "; expected the same count on every rank");
-  }
-  if (both[1] != -both[kFields + 1]) {
-    return MismatchError(args.call, ": ", RanksWith(all, 1, "dtype", true),
-                         "; expected the same dtype on every rank");
-  }
-  if (both[2] != -both[kFields + 2]) {
-    return MismatchError(args.call, ": ", RanksWith(all, 2, "root", false),
-                         "; expected the same root on every rank");
-  }
-  return MismatchError(args.call,
-                       ": the counts vector (shard layout) differs across ranks; expected the "
-                       "same counts on every rank");
+  std::vector<ArgRecord> records;
+  records.reserve(all.size());
+  for (const auto& f : all) records.push_back(FromFields(f));
+  return ArgsVerdict(args, records, [&](int r) {
+    return std::string(&x->msgs[static_cast<size_t>(r) * kMsgLen]);
+  });
 }
 
 }  // namespace poseidon

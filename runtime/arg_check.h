@@ -4,12 +4,16 @@
 // One MPI_Allreduce (MAX over values and their negations) of a handful of int64 compares
 // count, dtype, root and a hash of the shard layout and ORs a "my arguments are bad" flag.
 // Only on failure does a second exchange gather every rank's values and messages, so the error
-// names the ranks and values that differ.
+// names the ranks and values that differ. Ranks that share a node check the same descriptor
+// through the shared-memory window instead (ShmCollectives), folded into the collective's first
+// step; both reach their verdict through ArgsVerdict, so the messages are the same.
 #pragma once
 
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -36,6 +40,24 @@ struct CollectiveArgs {
 Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wait = {});
 
 uint64_t HashCounts(const std::vector<size_t>& counts);
+
+// What ranks compare of one call: the fields of CollectiveArgs as integers, and whether the
+// rank's own validation failed.
+struct ArgRecord {
+  int64_t count = 0;
+  int64_t dtype = 0;
+  int64_t root = 0;
+  int64_t layout_hash = 0;
+  int64_t bad = 0;
+};
+ArgRecord RecordOf(const CollectiveArgs& args);
+
+// The verdict every rank reaches alike from every rank's record (all[r] for rank r): OK when
+// the records agree and none is bad; else this rank's own error if its arguments are bad, else
+// "rank r passed an invalid argument: <message_of(r)>" for the first bad rank, else the first
+// field that differs, naming the ranks and values. message_of is called only for bad ranks.
+Status ArgsVerdict(const CollectiveArgs& mine, const std::vector<ArgRecord>& all,
+                   const std::function<std::string(int)>& message_of);
 
 // A counts vector (reduce-scatter / allgatherv shard layout) must hold one entry per rank.
 Status CheckCountsPerRank(const char* call, const std::vector<size_t>& counts, int world);

@@ -64,7 +64,6 @@ Status CheckCounts(const char* call, const std::vector<size_t>& counts, int worl
   return Status::Ok();
 }
 
-bool CheckArgsEnabled() { return settings::CheckArgs(); }
 
 // Scratch a call's MPI collective reads or writes besides the caller's buffers. Held through a
 // shared_ptr so that an abandoned call can hand it to AbandonMpi: MPI may still use it.
@@ -171,12 +170,10 @@ MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
 
 MpiBackend::~MpiBackend() = default;
 
-Result<ShmCollectives*> MpiBackend::ShmFor(size_t bytes, const MpiWait& how) {
-  long long threshold = settings::ShmThresholdBytes();
-  if (threshold <= 0 || bytes < static_cast<size_t>(threshold) || shm_multi_node_) {
-    return static_cast<ShmCollectives*>(nullptr);
-  }
-  long long chunk = settings::ShmChunkBytes();
+Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
+  const Knobs& k = knobs();
+  if (k.shm_threshold <= 0 || shm_multi_node_) return static_cast<ShmCollectives*>(nullptr);
+  const long long chunk = k.shm_chunk;
   if (shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk) return shm_.get();
   if (how.interrupt != nullptr) {
     // Freeing and creating the window (MPI_Win_free, MPI_Comm_split_type,
@@ -188,7 +185,7 @@ Result<ShmCollectives*> MpiBackend::ShmFor(size_t bytes, const MpiWait& how) {
   }
   shm_.reset();  // collective: every rank reaches this point with the same settings
   auto created = ShmCollectives::Create(comm_, chunk < 0 ? 0 : static_cast<size_t>(chunk),
-                                        settings::ShmTimeoutS());
+                                        k.shm_timeout_s);
   if (!created.ok() && created.status().code() == StatusCode::kUnavailable) {
     shm_multi_node_ = true;
     return static_cast<ShmCollectives*>(nullptr);
@@ -198,11 +195,38 @@ Result<ShmCollectives*> MpiBackend::ShmFor(size_t bytes, const MpiWait& how) {
   return shm_.get();
 }
 
+const MpiBackend::Knobs& MpiBackend::knobs() {
+  const uint64_t v = Settings::Global().version();
+  if (knobs_.version != v) {
+    knobs_.version = v;
+    knobs_.shm_threshold = settings::ShmThresholdBytes();
+    knobs_.shm_chunk = settings::ShmChunkBytes();
+    knobs_.shm_timeout_s = settings::ShmTimeoutS();
+    knobs_.check_args = settings::CheckArgs();
+  }
+  return knobs_;
+}
+
+Result<ShmCollectives*> MpiBackend::Check(const CollectiveArgs& args, const MpiWait& how,
+                                          bool agreed) {
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
+  if (shm != nullptr) return shm;  // the window checks args in the call's first step
+  if (knobs().check_args && !agreed) {
+    PSD_CHECK(AgreeOnArgs(comm_, args, how));
+  } else {
+    PSD_CHECK(args.local);
+  }
+  return static_cast<ShmCollectives*>(nullptr);
+}
+
 bool MpiBackend::SupportsMemory(MemoryKind memory) const { return memory == MemoryKind::kHost; }
 
 Status MpiBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt) {
   const MpiWait how{interrupt, args.call, sticky_.get()};
   PSD_CHECK(sticky_->Check(args.call));
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
+  if (shm != nullptr) return ShmResult(*shm, shm->Agree(args, interrupt));
+  if (!knobs().check_args) return args.local;
   return AgreeOnArgs(comm_, args, how);
 }
 
@@ -336,16 +360,14 @@ Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType d
   if (local.ok()) local = CheckBuffer(call, "send", send, count);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, count);
   if (local.ok()) local = CheckFitsInt(call, count);
-  if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(
-        comm_, {call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0, local},
-        how));
-  } else {
-    PSD_CHECK(local);
-  }
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, ShmFor(count * DTypeSize(dtype), how));
+  const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
+                            local};
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
   if (shm != nullptr) {
-    return ShmResult(*shm, shm->AllReduce(send, recv, count, dtype, opts.interrupt));
+    if (!local.ok() || ShmCarries(count * DTypeSize(dtype))) {
+      return ShmResult(*shm, shm->AllReduce(send, recv, count, dtype, opts.interrupt, &args));
+    }
+    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
   }
   return AllReduceUnchecked(send, recv, count, dtype, how);
 }
@@ -391,17 +413,15 @@ Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector
   size_t total = SumCounts(counts);
   if (local.ok()) local = CheckBuffer(call, "send", send, total);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, counts[static_cast<size_t>(rank_)]);
-  if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(comm_,
-                          {call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
-                           HashCounts(counts), local},
-                          how));
-  } else {
-    PSD_CHECK(local);
-  }
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, ShmFor(total * DTypeSize(dtype), how));
+  const CollectiveArgs args{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
+                            HashCounts(counts), local};
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
   if (shm != nullptr) {
-    return ShmResult(*shm, shm->ReduceScatter(send, recv, counts, dtype, opts.interrupt));
+    if (!local.ok() || ShmCarries(total * DTypeSize(dtype))) {
+      return ShmResult(*shm,
+                       shm->ReduceScatter(send, recv, counts, dtype, opts.interrupt, &args));
+    }
+    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
   }
   return ReduceScatterUnchecked(send, recv, counts, dtype, how);
 }
@@ -416,19 +436,16 @@ Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType d
   if (local.ok()) local = CheckBuffer(call, "send", send, count);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, count);
   if (local.ok()) local = CheckFitsInt(call, count * static_cast<size_t>(size_));
-  if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(
-        comm_, {call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0, local},
-        how));
-  } else {
-    PSD_CHECK(local);
+  const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
+                            local};
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
+  if (shm != nullptr) {
+    if (!local.ok() || ShmCarries(count * static_cast<size_t>(size_) * DTypeSize(dtype))) {
+      return ShmResult(*shm, shm->AllGather(send, recv, count, dtype, opts.interrupt, &args));
+    }
+    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
   }
   if (count == 0) return Status::Ok();
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm,
-                       ShmFor(count * static_cast<size_t>(size_) * DTypeSize(dtype), how));
-  if (shm != nullptr) {
-    return ShmResult(*shm, shm->AllGather(send, recv, count, dtype, opts.interrupt));
-  }
   const int n = static_cast<int>(count);
   const MPI_Datatype type = ToMpiType(dtype);
   return RunMpi(how, "MPI_Allgather", nullptr, [&](MPI_Request* r) {
@@ -448,13 +465,14 @@ Status MpiBackend::AllGatherV(const void* send, void* recv, const std::vector<si
   size_t total = SumCounts(counts);
   if (local.ok()) local = CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, total);
-  if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(comm_,
-                          {call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
-                           HashCounts(counts), local},
-                          how));
-  } else {
-    PSD_CHECK(local);
+  const CollectiveArgs args{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
+                            HashCounts(counts), local};
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
+  if (shm != nullptr) {
+    if (!local.ok() || ShmCarries(total * DTypeSize(dtype))) {
+      return ShmResult(*shm, shm->AllGatherV(send, recv, counts, dtype, opts.interrupt, &args));
+    }
+    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
   }
   if (total == 0) return Status::Ok();
   auto scratch = std::make_shared<Scratch>();
@@ -483,12 +501,14 @@ Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (local.ok() && (root < 0 || root >= size_)) {
     local = InvalidArgument(call, ": root ", root, " is outside 0..", size_ - 1);
   }
-  if (CheckArgsEnabled() && !opts.agreed) {
-    PSD_CHECK(AgreeOnArgs(
-        comm_, {call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0, local},
-        how));
-  } else {
-    PSD_CHECK(local);
+  const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0,
+                            local};
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
+  if (shm != nullptr) {
+    if (!local.ok() || ShmCarries(count * DTypeSize(dtype))) {
+      return ShmResult(*shm, shm->Broadcast(buf, count, dtype, root, opts.interrupt, &args));
+    }
+    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
   }
   if (count == 0) return Status::Ok();
   const int n = static_cast<int>(count);
@@ -500,6 +520,11 @@ Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
 
 Status MpiBackend::Barrier() {
   PSD_CHECK(sticky_->Check("MpiBackend::Barrier"));
+  const MpiWait how = WaitFor("MpiBackend::Barrier", {});
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
+  if (shm != nullptr) {
+    return ShmResult(*shm, shm->Agree({"Barrier", 0, 0, -1, 0, Status::Ok()}, nullptr));
+  }
   int rc = MPI_Barrier(comm_);
   if (rc != MPI_SUCCESS) return MpiError("MPI_Barrier", rc);
   return Status::Ok();

@@ -64,9 +64,11 @@ class MpiBackend : public Backend {
   // True once a call gave up while its collective still ran: every later call fails at once.
   bool broken() const { return sticky_->failed(); }
 
-  // The argument agreement of a blocking call (AgreeOnArgs) on this communicator, for backends
-  // that stage through this one; under an interrupt, a call abandoned here makes this backend
-  // unusable like any abandoned call.
+  // The argument agreement of a blocking call on this communicator, for backends that stage
+  // through this one and for callers whose own checks failed on this rank (they join it with
+  // args.local set, so the peers fail too): through the shared-memory window when there is
+  // one (always), else AgreeOnArgs when POSEIDON_CHECK_ARGS is on, else args.local. Under an
+  // interrupt, a call abandoned here makes this backend unusable like any abandoned call.
   Status Agree(const CollectiveArgs& args, const Interrupt* interrupt);
 
  private:
@@ -91,17 +93,39 @@ class MpiBackend : public Backend {
   // The result of a shared-memory call: a failure that left the window unusable (its peers are
   // in an unknown state) also makes this backend unusable.
   Status ShmResult(const ShmCollectives& shm, Status status);
-  // The shared-memory collectives for a call moving `bytes` (the full buffer: count * dtype size
-  // after the argument check, so every rank decides alike), or nullptr for plain MPI: below
-  // POSEIDON_SHM_THRESHOLD_BYTES, or when the ranks span several nodes. Creates the window at
-  // the first large call (collectively), and again when POSEIDON_SHM_CHUNK_BYTES changes; the
-  // destructor frees it (collectively). Like every POSEIDON_* knob, the threshold and chunk
-  // must be set alike on every rank, or ranks would take different paths.
-  // Under how.interrupt, a barrier polled under it runs first, so that the window's blocking
-  // creation starts only once every rank has arrived.
-  Result<ShmCollectives*> ShmFor(size_t bytes, const MpiWait& how);
+  // The shared-memory window when every rank of the communicator shares this node and
+  // POSEIDON_SHM_THRESHOLD_BYTES > 0, else nullptr (plain MPI). Every call on such a
+  // communicator goes through the window: its descriptor is checked there (ShmCollectives,
+  // "Agreement"), at no extra round, and its data moves there when ShmCarries says so (a
+  // decision made only after the check, so every rank decides alike). Creates the window at the
+  // first call (collectively), and again when POSEIDON_SHM_CHUNK_BYTES changes; the destructor
+  // frees it (collectively). Like every POSEIDON_* knob, the threshold and chunk are agreed at
+  // Communicator creation. Under how.interrupt, a barrier polled under it runs first, so that
+  // the window's blocking creation starts only once every rank has arrived.
+  Result<ShmCollectives*> Node(const MpiWait& how);
+  // Whether a call moving `bytes` (the full buffer) moves them through the window.
+  bool ShmCarries(size_t bytes) {
+    return bytes >= static_cast<size_t>(knobs().shm_threshold);
+  }
+  // The argument check of a blocking call: returns the window (the call then passes args to
+  // it, which checks them in its first step), or, across nodes, runs AgreeOnArgs (unless
+  // POSEIDON_CHECK_ARGS=0 or the caller agreed: then only this rank's own checks) and returns
+  // nullptr.
+  Result<ShmCollectives*> Check(const CollectiveArgs& args, const MpiWait& how, bool agreed);
+
+  // The settings every call reads, re-read only when Settings::version() moves (a settings
+  // lookup costs about a microsecond: several per call showed in small collectives).
+  struct Knobs {
+    uint64_t version = ~uint64_t{0};
+    long long shm_threshold = 0;
+    long long shm_chunk = 0;
+    double shm_timeout_s = 0;
+    bool check_args = true;
+  };
+  const Knobs& knobs();
 
   MPI_Comm comm_;
+  Knobs knobs_;
   // AllReduceRecursiveDoubling's receive buffer, kept between calls (see there).
   std::shared_ptr<std::vector<unsigned char>> rd_peer_;
   int rank_ = 0;

@@ -123,12 +123,14 @@ Status Settings::Set(const std::string& name, const std::string& value) {
   PSD_CHECK(CheckParses(*info, value));
   std::lock_guard<std::mutex> lock(mu_);
   overrides_[name] = value;
+  version_.fetch_add(1, std::memory_order_acq_rel);
   return Status::Ok();
 }
 
 void Settings::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   overrides_.clear();
+  version_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 Status Settings::Validate() const {

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <map>
+#include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -47,6 +49,9 @@ class Settings {
   void Reset();
   // Checks every environment value parses; the communicator calls it at creation.
   Status Validate() const;
+  // Changes with every Set and Reset: hot paths keep the values they read and re-read them only
+  // when this moves (the environment is read when they first look, and after a Reset).
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
 
   Result<bool> GetBool(const std::string& name) const;
   Result<long long> GetInt(const std::string& name) const;
@@ -63,6 +68,7 @@ class Settings {
   std::vector<SettingInfo> infos_;
   mutable std::mutex mu_;
   std::map<std::string, std::string> overrides_;  // guarded by mu_
+  std::atomic<uint64_t> version_{0};
 };
 
 namespace settings {

@@ -1,6 +1,13 @@
-// Shared-memory allreduce / reduce-scatter / allgather for the ranks of one node.
+// Shared-memory allreduce / reduce-scatter / allgather(v) / broadcast for the ranks of one node.
 //
-// AllReduce, per call (P ranks, E = elements per slot, chunk k = elements [kE, (k+1)E)):
+// Every call's first Sync goes through Enter, which carries the call's descriptor (see the
+// header): a disagreement fails every rank there, before anyone reads a peer's data.
+//
+// AllReduce of at most one_shot_bytes_ (min(slot, 32 KiB)): copy my whole input into my slot;
+// Sync; every rank sums every slot in rank order into its own output. One Sync, and the same
+// bits as the pipelined form below (each element is summed in the same order).
+//
+// AllReduce, larger (P ranks, E = elements per slot, chunk k = elements [kE, (k+1)E)):
 //   1. copy chunk 0 of my input into my slot of stage 0, except my own shard of it (I read
 //      that straight from my input when I reduce it); Sync.
 //   2. for each chunk k:
@@ -20,11 +27,14 @@
 //   slot (its own piece from its input) straight into recv. The owner reduces, so nothing is
 //   copied out.
 //
-// AllGather: round k: copy piece k of my input into my slot (and straight into my part of
-// recv); Sync; copy every peer's piece k out of its slot.
+// AllGatherV (AllGather: equal counts): round k: copy piece k of my input into my slot (and
+// straight into my part of recv); Sync; copy every peer's piece k out of its slot.
+//
+// Broadcast: round k: the root copies piece k into its slot; Sync; the others copy it out.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
-// every peer's count: poll for up to 5 us when each rank has a core, then sleep on the peer's
+// every peer's count: poll for up to 5 us when each rank has a core, then poll with
+// sched_yield for up to 200 us (a runnable peer gets the core at once), then sleep on the peer's
 // word with a futex (shared, not private: the word lives in a mapping of several processes),
 // checking the caller's interrupt, if any, at every wake.
 // Outputs of 4 MiB and more are written with streaming stores (no read-for-ownership).
@@ -33,6 +43,7 @@
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <time.h>
+#include <sched.h>
 #include <unistd.h>
 
 #if defined(__x86_64__)
@@ -52,8 +63,9 @@
 namespace poseidon {
 namespace {
 
-constexpr size_t kControlBytes = 128;  // one counter per segment, alone on its cache lines
+constexpr size_t kLineBytes = 128;  // the arrival counter, alone on its cache lines
 constexpr uint64_t kStages = 3;
+constexpr size_t kOneShotMaxBytes = size_t{32} << 10;
 constexpr size_t kMinChunkBytes = 4096;
 constexpr size_t kBlock = 1024;  // elements summed per block: the accumulator stays in L1
 // Outputs at least this large are written with streaming stores: they will not fit in this
@@ -175,6 +187,19 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 }  // namespace
 
+// One call's descriptor as a rank publishes it (plain data: it lives in the shared window).
+struct ShmCollectives::Descriptor {
+  ArgRecord record;
+  char call[24];
+  char message[232];  // this rank's own argument error, when record.bad
+};
+
+namespace {
+// The control area: the counter line, then two descriptors; slots start 64-byte aligned.
+constexpr size_t kControlBytes = (kLineBytes + 2 * 320 + 63) / 64 * 64;
+}  // namespace
+static_assert(sizeof(ArgRecord) + 24 + 232 <= 320, "descriptor larger than its place");
+
 void ShmReduceSum(DType dtype, const void* const* srcs, int n, void* dst, size_t count) {
   if (count == 0 || n <= 0) return;
   switch (dtype) {
@@ -224,6 +249,8 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   size_t slot = std::max(chunk_bytes, static_cast<size_t>(size) * 64);
   s->slot_bytes_ = (slot + 63) / 64 * 64;
   size_t segment = kControlBytes + kStages * s->slot_bytes_;
+  s->one_shot_bytes_ = std::min(s->slot_bytes_, kOneShotMaxBytes);
+  s->records_.resize(static_cast<size_t>(size));
 
   MPI_Info info;
   MPI_Info_create(&info);
@@ -264,6 +291,9 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   // A few microseconds cover a peer that is running and nearly there; longer spins only burn
   // a core that a descheduled peer (or another job) needs.
   s->spin_s_ = (cores > 0 && size <= cores) ? 5e-6 : 0;
+  // Then yield-polling: at 4 and 8 ranks on 2 cores, 64 B - 64 KiB allreduces ran 2-3.5x
+  // faster with 100-400 us of it than with the futex sleep straight away (bench/RESULTS.md).
+  s->yield_s_ = 200e-6;
   MPI_Win_sync(s->win_);
   // Everyone's counter is zero before anyone increments it.
   rc = MPI_Barrier(s->local_);
@@ -286,6 +316,11 @@ unsigned char* ShmCollectives::Slot(int rank, uint64_t stage) const {
 
 volatile uint64_t* ShmCollectives::Counter(int rank) const {
   return reinterpret_cast<volatile uint64_t*>(bases_[static_cast<size_t>(rank)]);
+}
+
+ShmCollectives::Descriptor* ShmCollectives::Desc(int rank, uint64_t call) const {
+  return reinterpret_cast<Descriptor*>(bases_[static_cast<size_t>(rank)] + kLineBytes +
+                                       (call % 2) * 320);
 }
 
 Status ShmCollectives::CheckUsable(const char* call) const {
@@ -338,6 +373,16 @@ Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
         }
       } while (!Reached(seen, target) && Seconds(spin_start) < spin_s_);
     }
+    // Then yield the core while polling: a peer that is runnable gets it at once, and one that
+    // arrives within yield_s_ is seen without a futex round trip (whose wake-up costs ~10 us on
+    // a virtual machine).
+    if (yield_s_ > 0 && !Reached(seen, target)) {
+      auto yield_start = std::chrono::steady_clock::now();
+      do {
+        sched_yield();
+        seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+      } while (!Reached(seen, target) && Seconds(yield_start) < yield_s_);
+    }
     while (!Reached(seen, target)) {
       // Sleep in the kernel until the peer's arrival changes its word, or 50 ms pass to check
       // the timeout (10 ms under an interrupt, which must be seen soon after it fires).
@@ -373,17 +418,78 @@ Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
   return Status::Ok();
 }
 
+namespace {
+void CopyString(char* dst, size_t cap, const char* src) {
+  size_t n = std::min(cap - 1, std::strlen(src));
+  std::memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+std::string ReadString(const char* src, size_t cap) { return std::string(src, strnlen(src, cap)); }
+}  // namespace
+
+Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interrupt) {
+  const uint64_t call = calls_;
+  Descriptor* mine = Desc(rank_, call);
+  mine->record = RecordOf(args);
+  CopyString(mine->call, sizeof(mine->call), args.call);
+  if (!args.local.ok()) {
+    CopyString(mine->message, sizeof(mine->message), args.local.message().c_str());
+  }
+  PSD_CHECK(Sync(args.call, interrupt));
+  ++calls_;
+  // Every rank reads the same descriptors, so every rank reaches the same verdict.
+  const Descriptor* first = Desc(0, call);
+  std::string differing;
+  for (int r = 0; r < size_; ++r) {
+    const Descriptor* d = Desc(r, call);
+    records_[static_cast<size_t>(r)] = d->record;
+    if (r == 0 || std::strncmp(d->call, first->call, sizeof(d->call)) != 0) {
+      if (r != 0) differing += StrCat(", rank ", r, ": ", ReadString(d->call, sizeof(d->call)));
+    }
+  }
+  if (!differing.empty()) {
+    return MismatchError(args.call, ": ranks called different collectives (rank 0: ",
+                         ReadString(first->call, sizeof(first->call)), differing,
+                         "); expected the same call on every rank");
+  }
+  return ArgsVerdict(args, records_, [&](int r) {
+    const Descriptor* d = Desc(r, call);
+    return ReadString(d->message, sizeof(d->message));
+  });
+}
+
+Status ShmCollectives::Agree(const CollectiveArgs& args, const Interrupt* interrupt) {
+  PSD_CHECK(CheckUsable(args.call));
+  return Enter(args, interrupt);
+}
+
 Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                                 const Interrupt* interrupt) {
+                                 const Interrupt* interrupt, const CollectiveArgs* args) {
   const char* call = "AllReduce";
+  const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
+                           CheckDType(call, dtype)};
+  const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(CheckUsable(call));
-  if (count == 0) return Status::Ok();
+  // A rank with bad arguments, or nothing to move, only takes part in the agreement.
+  if (!a.local.ok() || count == 0) return Enter(a, interrupt);
   const size_t es = DTypeSize(dtype);
-  const size_t per_chunk = slot_bytes_ / es;
-  const size_t chunks = (count + per_chunk - 1) / per_chunk;
   const unsigned char* in = static_cast<const unsigned char*>(send);
   unsigned char* out = static_cast<unsigned char*>(recv);
   std::vector<const void*> srcs(static_cast<size_t>(size_));
+
+  if (count * es <= one_shot_bytes_) {
+    std::memcpy(Slot(rank_, stage_), in, count * es);
+    PSD_CHECK(Enter(a, interrupt));
+    for (int r = 0; r < size_; ++r) {
+      srcs[static_cast<size_t>(r)] = r == rank_ ? send : Slot(r, stage_);
+    }
+    ShmReduceSum(dtype, srcs.data(), size_, recv, count);
+    ++stage_;
+    return Status::Ok();
+  }
+
+  const size_t per_chunk = slot_bytes_ / es;
+  const size_t chunks = (count + per_chunk - 1) / per_chunk;
   const bool stream = count * es >= kStreamOutputBytes;
 
   auto chunk_len = [&](size_t k) { return std::min(per_chunk, count - k * per_chunk); };
@@ -399,7 +505,7 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
 
   const uint64_t first = stage_;
   copy_in(0, first);
-  PSD_CHECK(Sync(call, interrupt));
+  PSD_CHECK(Enter(a, interrupt));
   for (size_t k = 0; k < chunks; ++k) {
     const uint64_t stage = first + k;
     const size_t len = chunk_len(k);
@@ -427,16 +533,20 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
 
 Status ShmCollectives::ReduceScatter(const void* send, void* recv,
                                      const std::vector<size_t>& counts, DType dtype,
-                                     const Interrupt* interrupt) {
+                                     const Interrupt* interrupt, const CollectiveArgs* args) {
   const char* call = "ReduceScatter";
+  Status local = CheckDType(call, dtype);
+  if (local.ok()) local = CheckCountsPerRank(call, counts, size_);
+  const size_t total = SumCounts(counts);
+  const CollectiveArgs own{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
+                           HashCounts(counts), local};
+  const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(CheckUsable(call));
-  PSD_REQUIRE(counts.size() == static_cast<size_t>(size_), StatusCode::kInternal, call,
-              ": counts has ", counts.size(), " entries for ", size_, " ranks");
+  if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
   const size_t es = DTypeSize(dtype);
   const size_t piece = slot_bytes_ / es / static_cast<size_t>(size_);  // L, at least 8
   const std::vector<size_t> off = PrefixOffsets(counts);
   const size_t largest = *std::max_element(counts.begin(), counts.end());
-  if (largest == 0) return Status::Ok();
   const size_t rounds = (largest + piece - 1) / piece;
   const unsigned char* in = static_cast<const unsigned char*>(send);
   unsigned char* out = static_cast<unsigned char*>(recv);
@@ -455,7 +565,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       std::memcpy(slot + static_cast<size_t>(q) * piece * es,
                   in + (off[static_cast<size_t>(q)] + k * piece) * es, len * es);
     }
-    PSD_CHECK(Sync(call, interrupt));
+    PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(call, interrupt));
     size_t mine = piece_len(rank_, k);
     if (mine == 0) continue;  // my slice is shorter than the longest: nothing left to sum
     for (int r = 0; r < size_; ++r) {
@@ -470,30 +580,82 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
 }
 
 Status ShmCollectives::AllGather(const void* send, void* recv, size_t count, DType dtype,
-                                 const Interrupt* interrupt) {
+                                 const Interrupt* interrupt, const CollectiveArgs* args) {
   const char* call = "AllGather";
+  const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
+                           CheckDType(call, dtype)};
+  return AllGatherV(send, recv, std::vector<size_t>(static_cast<size_t>(size_), count), dtype,
+                    interrupt, args != nullptr ? args : &own);
+}
+
+Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
+                                  DType dtype, const Interrupt* interrupt,
+                                  const CollectiveArgs* args) {
+  const char* call = "AllGatherV";
+  Status local = CheckDType(call, dtype);
+  if (local.ok()) local = CheckCountsPerRank(call, counts, size_);
+  const size_t total = SumCounts(counts);
+  const CollectiveArgs own{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
+                           HashCounts(counts), local};
+  const CollectiveArgs& a = args != nullptr ? *args : own;
+  PSD_CHECK(CheckUsable(a.call));
+  if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
+  const size_t es = DTypeSize(dtype);
+  const size_t per_round = slot_bytes_ / es;
+  const size_t largest = *std::max_element(counts.begin(), counts.end());
+  const size_t rounds = (largest + per_round - 1) / per_round;
+  const std::vector<size_t> off = PrefixOffsets(counts);
+  const size_t count = counts[static_cast<size_t>(rank_)];
+  const unsigned char* in = static_cast<const unsigned char*>(send);
+  unsigned char* out = static_cast<unsigned char*>(recv);
+  const bool stream = total * es >= kStreamOutputBytes;
+  auto piece_len = [&](size_t c, size_t k) {
+    size_t start = k * per_round;
+    return start >= c ? 0 : std::min(per_round, c - start);
+  };
+  // My own part never goes through the window.
+  unsigned char* my_out = out + off[static_cast<size_t>(rank_)] * es;
+  if (count > 0 && my_out != in) std::memmove(my_out, in, count * es);
+  for (size_t k = 0; k < rounds; ++k) {
+    const uint64_t stage = stage_ + k;
+    const size_t len = piece_len(count, k);
+    if (len > 0) std::memcpy(Slot(rank_, stage), in + k * per_round * es, len * es);
+    PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(a.call, interrupt));
+    for (int r = 0; r < size_; ++r) {
+      const size_t n = piece_len(counts[static_cast<size_t>(r)], k);
+      if (r == rank_ || n == 0) continue;
+      CopyOut(out + (off[static_cast<size_t>(r)] + k * per_round) * es, Slot(r, stage), n * es,
+              stream);
+    }
+  }
+  if (stream) StreamFence();
+  stage_ += rounds;
+  return Status::Ok();
+}
+
+Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
+                                 const Interrupt* interrupt, const CollectiveArgs* args) {
+  const char* call = "Broadcast";
+  Status local = CheckDType(call, dtype);
+  if (local.ok() && (root < 0 || root >= size_)) {
+    local = InvalidArgument(call, ": root ", root, " is outside 0..", size_ - 1);
+  }
+  const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0,
+                           local};
+  const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(CheckUsable(call));
-  if (count == 0) return Status::Ok();
+  if (!a.local.ok() || !local.ok() || count == 0) return Enter(a, interrupt);
   const size_t es = DTypeSize(dtype);
   const size_t per_round = slot_bytes_ / es;
   const size_t rounds = (count + per_round - 1) / per_round;
-  const unsigned char* in = static_cast<const unsigned char*>(send);
-  unsigned char* out = static_cast<unsigned char*>(recv);
-  const bool stream = count * es * static_cast<size_t>(size_) >= kStreamOutputBytes;
-  // My own part never goes through the window.
-  if (out + static_cast<size_t>(rank_) * count * es != in) {
-    std::memmove(out + static_cast<size_t>(rank_) * count * es, in, count * es);
-  }
+  unsigned char* data = static_cast<unsigned char*>(buf);
+  const bool stream = count * es >= kStreamOutputBytes;
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;
     const size_t start = k * per_round, len = std::min(per_round, count - start);
-    std::memcpy(Slot(rank_, stage), in + start * es, len * es);
-    PSD_CHECK(Sync(call, interrupt));
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      CopyOut(out + (static_cast<size_t>(r) * count + start) * es, Slot(r, stage), len * es,
-              stream);
-    }
+    if (rank_ == root) std::memcpy(Slot(rank_, stage), data + start * es, len * es);
+    PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(call, interrupt));
+    if (rank_ != root) CopyOut(data + start * es, Slot(root, stage), len * es, stream);
   }
   if (stream) StreamFence();
   stage_ += rounds;

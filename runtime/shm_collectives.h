@@ -5,15 +5,25 @@
 // rank can load and store its peers' memory directly, so a large sum costs about one copy in,
 // one pass that reads every input once, and one copy out.
 //
-// Window layout: every rank owns one segment = [a 128-byte control line][3 stage slots of
-// slot_bytes]. The control line holds the rank's arrival counter (see Sync below). A "stage"
-// is one buffer of the pipeline; rounds rotate through the 3 stages so that a rank may fill
-// the next stage while slower peers still read the previous one.
+// Window layout: every rank owns one segment = [control area][3 stage slots of slot_bytes].
+// The control area holds the rank's arrival counter (see Sync below) and two call
+// descriptors. A "stage" is one buffer of the pipeline; rounds rotate through the 3 stages so
+// that a rank may fill the next stage while slower peers still read the previous one.
+//
+// Agreement: every call writes its descriptor (the call's name, element count, dtype, root, a
+// hash of its counts vector, and whether this rank's own argument checks failed, with the
+// message) into the control area before its first step's Sync, and reads every peer's right
+// after it, before touching any peer's data. Ranks whose descriptors differ, or where one rank's
+// arguments are bad, all return the same error (runtime/arg_check.h, ArgsVerdict) at that point
+// and the window stays usable. The check costs no extra round: the descriptor rides on the Sync
+// the collective needs anyway. Descriptors alternate between two places by call, so a fast
+// rank's next call never overwrites one that a slow peer has yet to read.
 //
 // Synchronization: each Sync() bumps this rank's arrival counter and waits until every peer's
 // counter has reached the same value. A waiter spins briefly only when every rank has a core
-// of its own; otherwise (and after the spin) it sleeps on the peer's counter with a futex that
-// the peer wakes when it arrives, so 8 ranks on 2 cores never burn the cores their peers need.
+// of its own, then polls with sched_yield for up to 200 us (a runnable peer gets the core at
+// once), then sleeps on the peer's counter with a futex that the peer wakes when it arrives,
+// so 8 ranks on 2 cores never burn for long the cores their peers need.
 // A wait longer than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window
 // unusable. A call given an Interrupt checks it at every wake (the futex sleep is then cut to
 // 10 ms) and, when it turns non-OK, returns its status ("AllReduce: <message>") and marks the
@@ -33,6 +43,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/arg_check.h"
 #include "runtime/backend.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
@@ -53,16 +64,26 @@ class ShmCollectives {
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
 
-  // Same contracts as Backend::AllReduce / ReduceScatter / AllGather on host memory; the
-  // arguments must already be validated and agreed across ranks (the backend does that).
+  // Same contracts as Backend::AllReduce / ReduceScatter / AllGather / AllGatherV / Broadcast /
+  // Barrier on host memory, each checked across ranks as "Agreement" above says. args: the
+  // descriptor to compare, with this rank's own validation in args->local (a rank whose local
+  // status is not OK moves no data and fails with its own message, the others with
+  // "rank r passed an invalid argument: ..."); null: one built from the call's own arguments.
   // AllReduce may run in place (send == recv). interrupt (may be null) is polled while waiting
   // for peers; see the top of this file.
   Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                   const Interrupt* interrupt = nullptr);
+                   const Interrupt* interrupt = nullptr, const CollectiveArgs* args = nullptr);
   Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
-                       const Interrupt* interrupt = nullptr);
+                       const Interrupt* interrupt = nullptr, const CollectiveArgs* args = nullptr);
   Status AllGather(const void* send, void* recv, size_t count, DType dtype,
-                   const Interrupt* interrupt = nullptr);
+                   const Interrupt* interrupt = nullptr, const CollectiveArgs* args = nullptr);
+  Status AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
+                    const Interrupt* interrupt = nullptr, const CollectiveArgs* args = nullptr);
+  Status Broadcast(void* buf, size_t count, DType dtype, int root,
+                   const Interrupt* interrupt = nullptr, const CollectiveArgs* args = nullptr);
+  // Only the agreement: one Sync that carries args (for calls whose data moves another way,
+  // and for Barrier). OK on every rank or the same error on every rank.
+  Status Agree(const CollectiveArgs& args, const Interrupt* interrupt = nullptr);
 
   // True once a call timed out or was interrupted: every later call fails with kAborted.
   bool broken() const { return !failure_.ok(); }
@@ -73,10 +94,14 @@ class ShmCollectives {
  private:
   ShmCollectives() = default;
 
+  struct Descriptor;
   unsigned char* Slot(int rank, uint64_t stage) const;
   volatile uint64_t* Counter(int rank) const;
+  Descriptor* Desc(int rank, uint64_t call) const;
   // Waits until every rank has reached this rank's next arrival; call names the collective.
   Status Sync(const char* call, const Interrupt* interrupt);
+  // A call's first step: publish args, Sync, compare every rank's descriptor (see the top).
+  Status Enter(const CollectiveArgs& args, const Interrupt* interrupt);
   Status CheckUsable(const char* call) const;
 
   MPI_Comm local_ = MPI_COMM_NULL;
@@ -89,9 +114,13 @@ class ShmCollectives {
   size_t slot_bytes_ = 0;
   double timeout_s_ = 0;
   double spin_s_ = 0;  // seconds of polling before sleeping; 0 when ranks outnumber cores
+  double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep
   std::vector<unsigned char*> bases_;  // every rank's segment, mapped here
   uint64_t arrivals_ = 0;              // Sync() calls made so far (same on every rank)
   uint64_t stage_ = 0;                 // pipeline rounds run so far (same on every rank)
+  uint64_t calls_ = 0;                 // calls entered so far (same on every rank)
+  size_t one_shot_bytes_ = 0;          // AllReduce of at most this many bytes: one Sync
+  std::vector<ArgRecord> records_;     // every rank's descriptor of the current call
   Status failure_;  // the Sync that timed out or was interrupted: peers in an unknown state
 };
 

@@ -152,7 +152,8 @@ void StagedBackend::Reap() {
 
 Status StagedBackend::Agree(const char* call, int64_t count, DType dtype, int64_t root,
                             uint64_t layout_hash, Status local, const Interrupt* interrupt) {
-  if (!settings::CheckArgs()) return local;
+  // The host backend decides: its shared-memory window always checks (at no cost), plain MPI
+  // only under POSEIDON_CHECK_ARGS.
   return host_->Agree(
       {call, count, static_cast<int64_t>(dtype), root, layout_hash, std::move(local)}, interrupt);
 }

@@ -2,7 +2,7 @@
 # one rank must fail Communicator::Create on every rank, with the variable, values and ranks.
 add_executable(agreement_test mpi/agreement_test.cc)
 target_link_libraries(agreement_test PRIVATE poseidon_mpi_test_main)
-psd_add_mpi_test(agreement_test NP 2 3 5 TIMEOUT 120 LABELS agreement)
+psd_add_mpi_test(agreement_test NP 2 3 5 ${POSEIDON_TEST_NPS_ODD} TIMEOUT 120 LABELS agreement)
 
 # End to end: a setting exported to one rank only through mpirun's MPMD form (mpirun -np 1
 # -x VAR=VALUE prog : -np 2 prog) must end the job with a non-zero exit and the message on
@@ -22,4 +22,4 @@ function(psd_agreement_mpmd_test position var value groups)
     LABELS "mpi;agreement")
 endfunction()
 psd_agreement_mpmd_test(first POSEIDON_FUSION_BYTES 0 "rank 0: 0; ranks 1-2: 4194304")
-psd_agreement_mpmd_test(last POSEIDON_SHM_THRESHOLD_BYTES 0 "ranks 0-1: 262144; rank 2: 0")
+psd_agreement_mpmd_test(last POSEIDON_SHM_THRESHOLD_BYTES 0 "ranks 0-1: 1; rank 2: 0")

@@ -8,7 +8,7 @@ set_tests_properties(collectives_unit_test PROPERTIES TIMEOUT 60 LABELS "unit;co
 
 add_executable(hybrid_test collectives/hybrid_test.cc)
 target_link_libraries(hybrid_test PRIVATE poseidon_collectives poseidon_mpi_test_main)
-psd_add_mpi_test(hybrid_test NP 1 2 3 4 5 8 TIMEOUT 120 LABELS collectives)
+psd_add_mpi_test(hybrid_test NP 1 2 3 4 5 8 ${POSEIDON_TEST_NPS_ODD} TIMEOUT 120 LABELS collectives)
 
 add_executable(cost_model_test collectives/cost_model_test.cc)
 target_link_libraries(cost_model_test PRIVATE poseidon_collectives poseidon_mpi_test_main)

@@ -12,5 +12,5 @@ if(POSEIDON_SANITIZE STREQUAL "thread")
   list(APPEND _psd_engine_env
        "TSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/engine/tsan.supp second_deadlock_stack=1")
 endif()
-psd_add_mpi_test(engine_test NP ${POSEIDON_TEST_NPS} TIMEOUT 120 LABELS engine
+psd_add_mpi_test(engine_test NP ${POSEIDON_TEST_NPS} ${POSEIDON_TEST_NPS_ODD} TIMEOUT 120 LABELS engine
                  ENV ${_psd_engine_env})

@@ -101,13 +101,23 @@ Status CheckBufferArg(const char* name, const void* p, size_t count, psdDataType
 // found on one rank alone must not leave the peers waiting in the backend's argument agreement
 // (bindings/c/poseidon.h promises that a bad argument on one rank fails the call on all ranks):
 // this rank joins that agreement with its error, so every peer fails too and its message names
-// this rank and the cause. Without POSEIDON_CHECK_ARGS the peers run no agreement to join.
-Status FailCollectiveTogether(CommState& s, const char* backend_call, const Status& local) {
-  if (local.ok() || !settings::CheckArgs()) return local;
+// this rank and the cause. Host memory (and a memory argument that is itself bad) joins the
+// host backend's agreement (its shared-memory window among the ranks of one node, which always
+// checks; else MPI under POSEIDON_CHECK_ARGS), device memory the device backend's (under
+// POSEIDON_CHECK_ARGS).
+Status FailCollectiveTogether(CommState& s, const char* backend_call, const Status& local,
+                              psdMemory_t memory = psdMemHost) {
+  if (local.ok()) return local;
   CollectiveArgs args;
   args.call = backend_call;
   args.local = local.WithPrefix(StrCat("psd", backend_call, ": "));
-  Status ignored = AgreeOnArgs(s.comm->mpi_comm(), args);
+  auto* host = dynamic_cast<MpiBackend*>(&s.comm->host_backend());
+  Status ignored;
+  if (memory != psdMemDevice && host != nullptr) {
+    ignored = host->Agree(args, nullptr);
+  } else if (settings::CheckArgs()) {
+    ignored = AgreeOnArgs(s.comm->mpi_comm(), args);
+  }
   (void)ignored;  // this rank reports its own error, not the agreement's
   return local;
 }
@@ -438,7 +448,7 @@ psdResult_t psdAllReduce(psdComm_t comm, const void* send, void* recv, size_t co
       PSD_CHECK(capi::CheckBufferArg("recv", recv, count, dtype));
       PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
       return Status::Ok();
-    }()));
+    }(), memory));
     PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
     return be->AllReduce(send, recv, count, static_cast<DType>(dtype), opts);
   });
@@ -458,7 +468,7 @@ psdResult_t psdReduceScatter(psdComm_t comm, const void* send, void* recv, size_
       PSD_CHECK(capi::CheckBufferArg("recv", recv, recv_count, dtype));
       PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
       return Status::Ok();
-    }()));
+    }(), memory));
     PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
     std::vector<size_t> counts(world, recv_count);
     return be->ReduceScatter(send, recv, counts, static_cast<DType>(dtype), opts);
@@ -479,7 +489,7 @@ psdResult_t psdAllGather(psdComm_t comm, const void* send, void* recv, size_t se
       PSD_CHECK(capi::CheckBufferArg("recv", recv, send_count * world, dtype));
       PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
       return Status::Ok();
-    }()));
+    }(), memory));
     PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
     return be->AllGather(send, recv, send_count, static_cast<DType>(dtype), opts);
   });
@@ -497,7 +507,7 @@ psdResult_t psdBroadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t 
       PSD_CHECK(capi::CheckBufferArg("buf", buf, count, dtype));
       PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
       return Status::Ok();
-    }()));
+    }(), memory));
     PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
     return be->Broadcast(buf, count, static_cast<DType>(dtype), root, opts);
   });

@@ -8,7 +8,10 @@
 //  - a re-plan (every rank stops and restarts its engine; the first rank to get there stops the
 //    others' engines) leaves no sticky asynchronous error on any rank, and later exchanges work.
 // Values follow the multi-rank tests' formula: rank r contributes (r + 1) f(i) with small
-// integers f(i), so the average (P + 1) / 2 f(i) is exact and compares with ==.
+// integers f(i), so the float32 sum P (P + 1) / 2 f(i) is exact; the exchange averages it as
+// sum * (1.0f / P), one float32 multiply (the engine's Scale), and the expectation computes
+// exactly that, so results compare with == at any P (at P = 7 the product is not
+// (P + 1) / 2 f(i) = 4 f(i) exactly: 1/7 is not a float).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -68,11 +71,17 @@ class CApiEngine : public ::testing::Test {
     for (size_t i = 0; i < kCount; ++i) g[i] = static_cast<float>(rank_ + 1) * F(i);
     return g;
   }
-  // Counts the entries of an exchanged gradient that differ from the exact average.
+  // The exchanged average of entry i, computed as the exchange computes it: the exact float32
+  // sum over ranks, times the float32 1/P.
+  float Expected(size_t i) const {
+    const float sum = static_cast<float>(size_ * (size_ + 1) / 2) * F(i);  // exact
+    return sum * (1.0f / static_cast<float>(size_));
+  }
+  // Counts the entries of an exchanged gradient that differ from the average.
   int Wrong(const std::vector<float>& g) const {
     int wrong = 0;
     for (size_t i = 0; i < kCount; ++i) {
-      if (g[i] != static_cast<float>((size_ + 1) / 2.0) * F(i)) ++wrong;
+      if (g[i] != Expected(i)) ++wrong;
     }
     return wrong;
   }

@@ -1,7 +1,9 @@
 /* The C API from C (compiled as C99), under mpirun at several rank counts.
  *
  * Values follow the multi-rank tests' exact formula: rank r contributes (r + 1) * f(i) with
- * small integers f(i), so every sum is exact and compares with ==. Each check counts; a failure
+ * small integers f(i), so every sum is exact and compares with ==; an exchange's average is
+ * that exact float32 sum times the float32 1 / P (Average below), which is not (P + 1) / 2 f(i)
+ * exactly at every P (84 * (1 / 7.0f) is 12.000001). Each check counts; a failure
  * prints the rank, the line and the library's message, and the run's exit code is the maximum
  * over ranks. */
 #include <limits.h>
@@ -30,6 +32,16 @@ static int g_failures = 0;
 #define CHECK_OK(call) CHECK((call) == psdSuccess)
 
 static double F(size_t i) { return (double)(i % 7 + 1); }
+
+/* The average over `size` ranks of an exact float32 sum, as the exchange computes it: one
+ * float32 multiply by the float32 1 / P (the engine's Scale of a summed dense gradient; sfb's
+ * GEMM with alpha = 1 / P over the gathered factors, whose products here are small integers and
+ * sum exactly). */
+static float Average(double exact_sum, int size) {
+  const float sum = (float)exact_sum;
+  const float inv = 1.0f / (float)size;
+  return sum * inv;
+}
 
 static void TestVersionAndStrings(void) {
   int v = -1;
@@ -217,7 +229,8 @@ static void TestExchange(int size) {
   free(plan);
 
   /* Two steps: the dense gradient averages to ((P + 1) / 2) f(i); the fc gradient from factors
-   * U (K x M) = (r + 1), V (K x N) = 1 averages to K (P + 1) / 2 everywhere. */
+   * U (K x M) = (r + 1), V (K x N) = 1 averages to K (P + 1) / 2 everywhere; both as Average
+   * rounds them (the sums P (P + 1) / 2 f(i) and K P (P + 1) / 2 are exact). */
   float* g = malloc(1000 * sizeof(float));
   float fcg[30];
   float u[3 * 6], v[3 * 5];
@@ -236,11 +249,12 @@ static void TestExchange(int size) {
     CHECK_OK(psdWait(h2, 0)); /* a completed handle keeps its result */
     CHECK_OK(psdWait(h2, LLONG_MAX)); /* too large for a clock duration: for ever, not a timeout */
     int bad = 0;
+    const double tri = size * (size + 1) / 2.0;
     for (size_t i = 0; i < 1000; ++i) {
-      if (g[i] != (float)((size + 1) / 2.0 * F(i))) ++bad;
+      if (g[i] != Average(tri * F(i), size)) ++bad;
     }
     for (size_t i = 0; i < 30; ++i) {
-      if (fcg[i] != (float)(batch * (size + 1) / 2.0)) ++bad;
+      if (fcg[i] != Average((double)batch * tri, size)) ++bad;
     }
     CHECK(bad == 0);
     CHECK_OK(psdHandleFree(h1));

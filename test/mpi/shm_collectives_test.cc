@@ -1,13 +1,19 @@
 // Multi-rank tests of the shared-memory collectives (runtime/shm_collectives.h), both called
-// directly and through MpiBackend with POSEIDON_SHM_THRESHOLD_BYTES forced low.
+// directly and through MpiBackend, and the argument agreement carried in the window.
 //
 // Exact values two ways:
-//  - formula: rank r contributes (r + 1) * F(i) with small integers F(i), so every sum is exact
-//    in every dtype (at most 36 * 7 = 252 at P = 8) and results compare with ==;
+//  - formula: rank r contributes (r + 1) * F(i) with small integers F(i), so every sum is an
+//    exact integer in the float32 accumulator; the expected value is that sum rounded once to
+//    the dtype (Buf::Rounded: bfloat16 holds 8 significant bits, so at P = 9 45 * 7 = 315 is
+//    316, and P * 49 = 343 at P = 7 is 344), and results compare with ==;
 //  - rank order: rank r contributes an arbitrary (non-integer) value X(r, i) that any rank can
 //    recompute, and the expected result is X(0, i) + X(1, i) + ... in that order (in float32
 //    for the half types, rounded once), which is the summation order the algorithm promises.
 // Every result is also compared byte for byte with rank 0's.
+//
+// Every rank makes the same calls whatever it finds: element checks are EXPECTs (AllEqual), and
+// a call's status is agreed on (OkOnEveryRank), so a failure on one rank stops every rank at
+// the same point instead of leaving the others in the next call until the 60 s timeout.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,12 +26,16 @@
 #include "runtime/settings.h"
 #include "runtime/shard.h"
 #include "runtime/shm_collectives.h"
+#include "test/mpi/rank_checks.h"
 #include "test/mpi/typed_buffer.h"
 #include "test/mpi_test_main.h"
 
 namespace poseidon {
 namespace {
 
+using testing::AllEqual;
+using testing::OkOnEveryRank;
+using testing::OnEveryRank;
 using testing::World;
 
 double F(size_t i) { return static_cast<double>(i % 7 + 1); }
@@ -38,6 +48,17 @@ double X(int r, size_t i) {
 }
 
 using Buf = testing::TypedBuffer;
+
+// The exact value v (an integer sum) as dtype dt holds it: what the collectives return.
+double Exact(DType dt, double v) { return Buf::Rounded(dt, v); }
+
+// The guard bytes past the first n elements of b are untouched.
+bool GuardKept(const Buf& b, size_t n) {
+  for (size_t i = b.used(n); i < b.bytes.size(); ++i) {
+    if (b.bytes[i] != Buf::kFill) return false;
+  }
+  return true;
+}
 
 // The value rank r stores for X(r, i) in this dtype, read back (what the reduction sees).
 double Stored(DType dt, int r, size_t i) {
@@ -144,12 +165,12 @@ TEST_P(ShmDirect, AllReduceFormulaOutOfPlaceAndInPlace) {
   for (size_t n : Counts(GetParam())) {
     Buf send(dt, n), recv(dt, n);
     for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
-    ASSERT_TRUE(shm_->AllReduce(send.data(), recv.data(), n, dt).ok());
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv.Get(i), Tri() * F(i)) << "n=" << n << " i=" << i;
-    // The guard bytes past the end are untouched.
-    for (size_t b = recv.used(n); b < recv.bytes.size(); ++b) ASSERT_EQ(recv.bytes[b], 0xA5);
-    ASSERT_TRUE(shm_->AllReduce(send.data(), send.data(), n, dt).ok());
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(send.Get(i), Tri() * F(i)) << "in place i=" << i;
+    auto want = [&](size_t i) { return Exact(dt, Tri() * F(i)); };
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(send.data(), recv.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return recv.Get(i); }, want)) << "n=" << n;
+    EXPECT_TRUE(GuardKept(recv, n)) << "n=" << n;
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(send.data(), send.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return send.Get(i); }, want)) << "in place, n=" << n;
   }
 }
 
@@ -160,9 +181,9 @@ TEST_P(ShmDirect, AllReduceRankOrderBitwise) {
     Buf send(dt, n), recv(dt, n), want(dt, n);
     FillX(&send, rank(), n);
     for (size_t i = 0; i < n; ++i) RankOrderSum(dt, size(), i, &want, i);
-    ASSERT_TRUE(shm_->AllReduce(send.data(), recv.data(), n, dt).ok());
-    ASSERT_EQ(std::memcmp(recv.data(), want.data(), recv.used(n)), 0) << "n=" << n;
-    ASSERT_TRUE(SameOnEveryRank(recv.data(), recv.used(n))) << "n=" << n;
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(send.data(), recv.data(), n, dt)));
+    EXPECT_EQ(std::memcmp(recv.data(), want.data(), recv.used(n)), 0) << "n=" << n;
+    EXPECT_TRUE(SameOnEveryRank(recv.data(), recv.used(n))) << "n=" << n;
   }
 }
 
@@ -189,15 +210,15 @@ TEST_P(ShmDirect, ReduceScatterUnevenShards) {
       size_t my_off = off[static_cast<size_t>(rank())];
       Buf send(dt, total), recv(dt, mine), want(dt, mine);
       for (size_t i = 0; i < total; ++i) send.Set(i, (rank() + 1) * F(i));
-      ASSERT_TRUE(shm_->ReduceScatter(send.data(), recv.data(), counts, dt).ok());
-      for (size_t i = 0; i < mine; ++i) {
-        ASSERT_EQ(recv.Get(i), Tri() * F(my_off + i)) << "n=" << n << " i=" << i;
-      }
-      for (size_t b = recv.used(mine); b < recv.bytes.size(); ++b) ASSERT_EQ(recv.bytes[b], 0xA5);
+      ASSERT_TRUE(OkOnEveryRank(shm_->ReduceScatter(send.data(), recv.data(), counts, dt)));
+      EXPECT_TRUE(AllEqual(mine, [&](size_t i) { return recv.Get(i); },
+                           [&](size_t i) { return Exact(dt, Tri() * F(my_off + i)); }))
+          << "n=" << n;
+      EXPECT_TRUE(GuardKept(recv, mine)) << "n=" << n;
       FillX(&send, rank(), total);
       for (size_t i = 0; i < mine; ++i) RankOrderSum(dt, size(), my_off + i, &want, i);
-      ASSERT_TRUE(shm_->ReduceScatter(send.data(), recv.data(), counts, dt).ok());
-      ASSERT_EQ(std::memcmp(recv.data(), want.data(), recv.used(mine)), 0) << "n=" << n;
+      ASSERT_TRUE(OkOnEveryRank(shm_->ReduceScatter(send.data(), recv.data(), counts, dt)));
+      EXPECT_EQ(std::memcmp(recv.data(), want.data(), recv.used(mine)), 0) << "n=" << n;
     }
   }
 }
@@ -209,41 +230,86 @@ TEST_P(ShmDirect, AllGather) {
     size_t p = static_cast<size_t>(size());
     Buf send(dt, n), recv(dt, n * p);
     for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
-    ASSERT_TRUE(shm_->AllGather(send.data(), recv.data(), n, dt).ok());
-    for (size_t r = 0; r < p; ++r) {
-      for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(recv.Get(r * n + i), (r + 1) * F(i)) << "n=" << n << " r=" << r << " i=" << i;
-      }
-    }
-    for (size_t b = recv.used(n * p); b < recv.bytes.size(); ++b) ASSERT_EQ(recv.bytes[b], 0xA5);
-    ASSERT_TRUE(SameOnEveryRank(recv.data(), recv.used(n * p)));
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllGather(send.data(), recv.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n * p, [&](size_t i) { return recv.Get(i); },
+                         [&](size_t i) { return Exact(dt, (i / n + 1) * F(i % n)); }))
+        << "n=" << n;
+    EXPECT_TRUE(GuardKept(recv, n * p)) << "n=" << n;
+    EXPECT_TRUE(SameOnEveryRank(recv.data(), recv.used(n * p))) << "n=" << n;
   }
 }
 
-// Calls of every kind and size back to back: the pipeline stages rotate across calls.
+// Calls of every kind and size back to back: the pipeline stages rotate across calls. Nothing
+// else synchronizes the ranks between the calls (a fast rank runs into the next call's stages
+// while slow ones still read the last), so the statuses are EXPECTs, not agreed on after each
+// call; every rank makes every call, and a call that fails on one rank only breaks that rank's
+// window, whose later calls fail at once (its peers time out once, not once per call).
 TEST_P(ShmDirect, MixedSequenceKeepsStagesApart) {
   DType dt = GetParam().dtype;
   size_t p = static_cast<size_t>(size());
   for (int round = 0; round < 3; ++round) {
     for (size_t n : {size_t{3}, size_t{2049}, size_t{9000}, size_t{1}}) {
+      SCOPED_TRACE("round " + std::to_string(round) + ", n=" + std::to_string(n));
       Buf a(dt, n), ar(dt, n), g(dt, n * p);
       for (size_t i = 0; i < n; ++i) a.Set(i, (rank() + 1) * F(i + round));
-      ASSERT_TRUE(shm_->AllReduce(a.data(), ar.data(), n, dt).ok());
-      ASSERT_TRUE(shm_->AllGather(a.data(), g.data(), n, dt).ok());
+      Status st = shm_->AllReduce(a.data(), ar.data(), n, dt);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      st = shm_->AllGather(a.data(), g.data(), n, dt);
+      EXPECT_TRUE(st.ok()) << st.ToString();
       std::vector<size_t> counts = ShardCounts(n * p, size());
       Buf rs(dt, counts[static_cast<size_t>(rank())]);
-      ASSERT_TRUE(shm_->ReduceScatter(g.data(), rs.data(), counts, dt).ok());
-      for (size_t i = 0; i < n; ++i) ASSERT_EQ(ar.Get(i), Tri() * F(i + round));
-      for (size_t i = 0; i < n * p; ++i) ASSERT_EQ(g.Get(i), (i / n + 1) * F(i % n + round));
-      // Every rank gathered the same g, so the scatter is P times my slice of g.
+      st = shm_->ReduceScatter(g.data(), rs.data(), counts, dt);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      EXPECT_TRUE(AllEqual(n, [&](size_t i) { return ar.Get(i); },
+                           [&](size_t i) { return Exact(dt, Tri() * F(i + round)); }));
+      EXPECT_TRUE(AllEqual(n * p, [&](size_t i) { return g.Get(i); },
+                           [&](size_t i) { return Exact(dt, (i / n + 1) * F(i % n + round)); }));
+      // Every rank gathered the same g, so the scatter is P times my slice of g: at P = 7 up to
+      // 7 * 49 = 343, which bfloat16 rounds to 344.
       size_t off = ShardOffset(n * p, size(), rank());
-      for (size_t i = 0; i < counts[static_cast<size_t>(rank())]; ++i) {
-        size_t j = off + i;
-        ASSERT_EQ(rs.Get(i), static_cast<double>(p) * (j / n + 1) * F(j % n + round));
-      }
+      EXPECT_TRUE(AllEqual(counts[static_cast<size_t>(rank())], [&](size_t i) { return rs.Get(i); },
+                           [&](size_t i) {
+                             size_t j = off + i;
+                             return Exact(dt, static_cast<double>(p) * (j / n + 1) * F(j % n + round));
+                           }));
     }
   }
 }
+
+// AllGatherV and Broadcast directly: uneven counts (zeros, one rank holding everything) and a
+// broadcast from every root, sizes from one element to several pipeline rounds.
+TEST_P(ShmDirect, AllGatherVAndBroadcast) {
+  DType dt = GetParam().dtype;
+  for (size_t n : Counts(GetParam())) {
+    n = std::min(n, size_t{1} << 18);
+    for (const auto& counts : Layouts(size(), n)) {
+      std::vector<size_t> off = PrefixOffsets(counts);
+      const size_t total = off.back(), mine = counts[static_cast<size_t>(rank())];
+      Buf send(dt, mine), recv(dt, total);
+      for (size_t j = 0; j < mine; ++j) {
+        send.Set(j, (rank() + 1) * F(off[static_cast<size_t>(rank())] + j));
+      }
+      ASSERT_TRUE(OkOnEveryRank(shm_->AllGatherV(send.data(), recv.data(), counts, dt)));
+      for (int r = 0; r < size(); ++r) {
+        const size_t q = static_cast<size_t>(r);
+        EXPECT_TRUE(AllEqual(counts[q], [&](size_t j) { return recv.Get(off[q] + j); },
+                             [&](size_t j) { return Exact(dt, (r + 1) * F(off[q] + j)); }))
+            << "n=" << n << ", from rank " << r;
+      }
+      EXPECT_TRUE(GuardKept(recv, total)) << "n=" << n;
+    }
+    for (int root = 0; root < size(); root += std::max(1, size() / 3)) {
+      Buf b(dt, n);
+      for (size_t i = 0; i < n; ++i) b.Set(i, rank() == root ? (root + 2) * F(i) : -1);
+      ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(b.data(), n, dt, root)));
+      EXPECT_TRUE(AllEqual(n, [&](size_t i) { return b.Get(i); },
+                           [&](size_t i) { return Exact(dt, (root + 2) * F(i)); }))
+          << "n=" << n << ", root " << root;
+      EXPECT_TRUE(GuardKept(b, n)) << "n=" << n;
+    }
+  }
+}
+
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, ShmDirect, ::testing::ValuesIn(AllCases()), CaseName);
 
@@ -266,26 +332,30 @@ TEST_P(ShmBackend, AllReduceReduceScatterAllGatherExact) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{3 * 8192 + 1}, size_t{100003}}) {
     Buf send(dt, n), recv(dt, n);
     for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
-    ASSERT_TRUE(be().AllReduce(send.data(), recv.data(), n, dt).ok());
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv.Get(i), tri * F(i)) << "n=" << n << " i=" << i;
-    ASSERT_TRUE(SameOnEveryRank(recv.data(), recv.used(n)));
+    ASSERT_TRUE(OkOnEveryRank(be().AllReduce(send.data(), recv.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return recv.Get(i); },
+                         [&](size_t i) { return Exact(dt, tri * F(i)); }))
+        << "n=" << n;
+    EXPECT_TRUE(SameOnEveryRank(recv.data(), recv.used(n))) << "n=" << n;
 
     for (const auto& counts : Layouts(size(), n)) {
       std::vector<size_t> off = PrefixOffsets(counts);
       size_t mine = counts[static_cast<size_t>(rank())];
+      size_t my_off = off[static_cast<size_t>(rank())];
       Buf all(dt, off.back()), part(dt, mine);
       for (size_t i = 0; i < off.back(); ++i) all.Set(i, (rank() + 1) * F(i));
-      ASSERT_TRUE(be().ReduceScatter(all.data(), mine ? part.data() : nullptr, counts, dt).ok());
-      for (size_t i = 0; i < mine; ++i) {
-        ASSERT_EQ(part.Get(i), tri * F(off[static_cast<size_t>(rank())] + i));
-      }
+      ASSERT_TRUE(OkOnEveryRank(
+          be().ReduceScatter(all.data(), mine ? part.data() : nullptr, counts, dt)));
+      EXPECT_TRUE(AllEqual(mine, [&](size_t i) { return part.Get(i); },
+                           [&](size_t i) { return Exact(dt, tri * F(my_off + i)); }))
+          << "n=" << n;
     }
 
     Buf gathered(dt, n * static_cast<size_t>(size()));
-    ASSERT_TRUE(be().AllGather(send.data(), gathered.data(), n, dt).ok());
-    for (size_t i = 0; i < n * static_cast<size_t>(size()); ++i) {
-      ASSERT_EQ(gathered.Get(i), (i / n + 1) * F(i % n));
-    }
+    ASSERT_TRUE(OkOnEveryRank(be().AllGather(send.data(), gathered.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n * static_cast<size_t>(size()), [&](size_t i) { return gathered.Get(i); },
+                         [&](size_t i) { return Exact(dt, (i / n + 1) * F(i % n)); }))
+        << "n=" << n;
   }
 }
 
@@ -298,8 +368,10 @@ TEST_P(ShmBackend, ChunkChangeRebuildsWindow) {
     ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", chunk).ok());
     Buf send(dt, n), recv(dt, n);
     for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
-    ASSERT_TRUE(be().AllReduce(send.data(), recv.data(), n, dt).ok());
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(recv.Get(i), tri * F(i)) << "chunk=" << chunk;
+    ASSERT_TRUE(OkOnEveryRank(be().AllReduce(send.data(), recv.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return recv.Get(i); },
+                         [&](size_t i) { return Exact(dt, tri * F(i)); }))
+        << "chunk=" << chunk;
   }
 }
 
@@ -379,6 +451,136 @@ TEST(ShmReduceSum, SumsInRankOrderAndAllowsAliasing) {
   const void* is[2] = {big.data(), big.data()};
   ShmReduceSum(DType::kInt64, is, 2, sum.data(), n);
   EXPECT_EQ(sum[7], int64_t{1} << 41);
+}
+
+// ---- The agreement carried in the window (ShmCollectives "Agreement"). ----
+// Every case: one rank (the last) disagrees; every rank fails the same way at once, and the
+// window stays usable for the next call (checked with an exact allreduce after each).
+
+class ShmAgreement : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    shm_ = std::move(s).value();
+  }
+  void TearDown() override { shm_.reset(); }
+  int rank() { return World()->rank(); }
+  int size() { return World()->size(); }
+  bool odd() { return rank() == size() - 1; }
+  // An exact allreduce still works after a failed call (the window is not broken).
+  void ExpectUsable(size_t n) {
+    std::vector<float> x(n), y(n);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>((rank() + 1) * F(i));
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(x.data(), y.data(), n, DType::kFloat32)));
+    const double tri = size() * (size() + 1) / 2.0;
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(y[i]); },
+                         [&](size_t i) { return tri * F(i); }));
+    EXPECT_FALSE(shm_->broken());
+  }
+  std::unique_ptr<ShmCollectives> shm_;
+};
+
+TEST_F(ShmAgreement, CountDiffersOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  // One-shot (small), pipelined (several stages at 8 KiB slots), and one rank with nothing.
+  for (size_t n : {size_t{5}, size_t{6000}, size_t{0}}) {
+    const size_t other = n == 0 ? 3 : n + 3;  // the last rank's count
+    const size_t mine = odd() ? other : n;
+    std::vector<float> x(mine + 1, 1.0f), y(mine + 1);
+    Status st = shm_->AllReduce(x.data(), y.data(), mine, DType::kFloat32);
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+    EXPECT_NE(st.message().find(StrCat("element count differs across ranks (rank 0: ", n,
+                                       ", rank ", size() - 1, ": ", other, ")")),
+              std::string::npos)
+        << st.message();
+    ExpectUsable(n + 100);
+  }
+}
+
+TEST_F(ShmAgreement, DifferentCollectivesOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  std::vector<float> x(64, 1.0f), y(64 * static_cast<size_t>(size()));
+  Status st = odd() ? shm_->Broadcast(x.data(), 64, DType::kFloat32, 0)
+                    : shm_->AllReduce(x.data(), y.data(), 64, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find(StrCat("ranks called different collectives (rank 0: AllReduce, rank ",
+                                     size() - 1, ": Broadcast)")),
+            std::string::npos)
+      << st.message();
+  ExpectUsable(100);
+  st = odd() ? shm_->AllGather(x.data(), y.data(), 64, DType::kFloat32)
+             : shm_->Agree({"Barrier", 0, 0, -1, 0, Status::Ok()});
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  ExpectUsable(3);
+}
+
+TEST_F(ShmAgreement, InvalidArgumentOnOneRankNamesIt) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  // A bad root on one rank only.
+  std::vector<float> b(10, 1.0f);
+  Status st = shm_->Broadcast(b.data(), 10, DType::kFloat32, odd() ? size() : 0);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  EXPECT_NE(st.message().find(StrCat("root ", size(), " is outside")), std::string::npos)
+      << st.message();
+  if (!odd()) {
+    EXPECT_NE(st.message().find(StrCat("rank ", size() - 1, " passed an invalid argument")),
+              std::string::npos)
+        << st.message();
+  }
+  ExpectUsable(2000);
+  // A counts vector of the wrong length on one rank (reduce-scatter and allgatherv).
+  std::vector<size_t> counts(static_cast<size_t>(size()) + (odd() ? 1 : 0), 4);
+  std::vector<float> in(4 * counts.size(), 1.0f), out(4 * counts.size());
+  st = shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  st = shm_->AllGatherV(in.data(), out.data(), counts, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  ExpectUsable(7);
+}
+
+TEST_F(ShmAgreement, LayoutOrDTypeDiffersOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  const size_t p = static_cast<size_t>(size());
+  // Same total, different split.
+  std::vector<size_t> counts = ShardCounts(10 * p, size());
+  if (odd()) {
+    counts[0] += 1;
+    counts[p - 1] -= 1;
+  }
+  std::vector<float> in(10 * p, 1.0f), out(10 * p);
+  Status st = shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find("counts vector (shard layout) differs"), std::string::npos)
+      << st.message();
+  ExpectUsable(1);
+  std::vector<double> d(16, 1.0);
+  st = shm_->AllReduce(d.data(), d.data(), 8, odd() ? DType::kInt64 : DType::kFloat64);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find("dtype differs across ranks"), std::string::npos) << st.message();
+  ExpectUsable(50000);
+}
+
+// Through the backend (the default: every call on one node goes through the window): one
+// rank's count differs at a size Open MPI would carry (threshold raised) and at one the window
+// carries; both fail on every rank with the counts named.
+TEST(ShmBackendAgreement, MismatchWithTheDataOnEitherPath) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  Backend& be = World()->host_backend();
+  const bool odd = World()->rank() == World()->size() - 1;
+  for (const char* threshold : {"1", "1000000"}) {
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", threshold).ok());
+    std::vector<float> x(40, 2.0f);
+    Status st = be.AllReduce(x.data(), x.data(), odd ? 33 : 32, DType::kFloat32);
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+    EXPECT_NE(st.message().find("element count differs across ranks (rank 0: 32"),
+              std::string::npos)
+        << st.message();
+    st = be.AllReduce(x.data(), x.data(), 32, DType::kFloat32);
+    EXPECT_TRUE(OkOnEveryRank(st));
+    EXPECT_EQ(x[0], 2.0f * static_cast<float>(World()->size()));
+  }
+  Settings::Global().Reset();
 }
 
 }  // namespace

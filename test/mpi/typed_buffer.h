@@ -53,6 +53,23 @@ class TypedBuffer {
     return 0;
   }
 
+  // The exact value v as an element of dtype d holds it: rounded once to d, through float32
+  // for the half types. That is how the reductions round an exact sum: float16 / bfloat16 are
+  // summed in float32 (exact for the tests' small integers) and rounded once, so a sum the
+  // dtype cannot hold (bfloat16 keeps 8 significant bits: 315 -> 316, 343 -> 344) is expected
+  // as Rounded(d, exact sum). Equal to Set(i, v) then Get(i).
+  static double Rounded(DType d, double v) {
+    switch (d) {
+      case DType::kFloat32: return static_cast<float>(v);
+      case DType::kFloat64: return v;
+      case DType::kFloat16: return HalfToFloat(FloatToHalf(static_cast<float>(v)));
+      case DType::kBFloat16: return BFloat16ToFloat(FloatToBFloat16(static_cast<float>(v)));
+      case DType::kInt32: return static_cast<int32_t>(v);
+      case DType::kInt64: return static_cast<double>(static_cast<int64_t>(v));
+    }
+    return v;
+  }
+
   DType dtype;
   std::vector<unsigned char> bytes;
 
