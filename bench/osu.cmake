@@ -2,6 +2,15 @@
 # printing Open MPI's own call for the same size beside ours. Other areas add programs with
 # psd_add_osu_bench(<name> <source>) (e.g. the top-k and hybrid exchanges).
 #   mpirun -np 4 --oversubscribe build/bench/osu/osu_allreduce -m 1K:64M -f
+#   mpirun -np 4 --oversubscribe build/bench/osu/osu_broadcast -m 1K:64M -f [-r ROOT]
+# MPI starts at the lowest thread level the program needs (single for these blocking ones);
+# -t single|funneled|serialized|multiple asks for another, and the header names it.
+# The peer column is Open MPI's default algorithm. bench/osu/best_peer.py runs a program once
+# per coll_tuned configuration (the default, then every algorithm of the collective, and a few
+# segment sizes for those that take one), repeated and interleaved, and prints per size our
+# median time against Open MPI's default and its best configuration (a Markdown table for
+# bench/RESULTS.md, or --json):
+#   bench/osu/best_peer.py --build build allreduce -np 4 -m 1K:64M -r 5
 add_library(poseidon_osu_harness STATIC osu/harness.cc)
 target_link_libraries(poseidon_osu_harness PUBLIC poseidon_runtime)
 if(POSEIDON_CUDA_ENABLED)
@@ -17,6 +26,7 @@ endfunction()
 psd_add_osu_bench(osu_allreduce osu/osu_allreduce.cc)
 psd_add_osu_bench(osu_reduce_scatter osu/osu_reduce_scatter.cc)
 psd_add_osu_bench(osu_allgather osu/osu_allgather.cc)
+psd_add_osu_bench(osu_broadcast osu/osu_broadcast.cc)
 
 # The sparse top-k exchange of one layer and the hybrid exchange of a model's layer table,
 # through HybridCollective, against MPI_Allreduce of the same dense gradients:

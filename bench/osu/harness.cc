@@ -1,6 +1,7 @@
 // The OSU-style benchmark harness (see harness.h). Steps of RunMain:
-//   1. MPI init, the communicator, the options (same argv on every rank, so every rank agrees
-//      on a bad option and exits alike);
+//   1. the options (no MPI needed: -t picks the level MPI_Init_thread asks for), MPI init, the
+//      communicator (same argv on every rank, so every rank agrees on a bad option and exits
+//      alike; rank 0 reports it after MPI init);
 //   2. a preamble: program, machine (hostname, CPU model), ranks and nodes, MPI library,
 //      backend and its settings, build, options;
 //   3. for each size, doubling from MIN to MAX: Prepare on every rank (agreed: one rank's
@@ -25,6 +26,7 @@
 
 #include "runtime/build_config.h"
 #include "runtime/half.h"
+#include "runtime/liveness.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
 
@@ -202,11 +204,19 @@ std::string FiguresJson(const Figures& f) {
 
 }  // namespace
 
+std::string ThreadLevelName(int level) {
+  if (level == MPI_THREAD_SINGLE) return "single";
+  if (level == MPI_THREAD_FUNNELED) return "funneled";
+  if (level == MPI_THREAD_SERIALIZED) return "serialized";
+  if (level == MPI_THREAD_MULTIPLE) return "multiple";
+  return StrCat("level ", level);
+}
+
 std::string UsageText(const std::string& program) {
   return StrCat(
       "usage: ", program,
       " [-m [MIN:]MAX] [-i ITER] [-x WARMUP] [-f] [-d host|cuda] [-T TYPE] [--json] "
-      "[--no-peer]\n"
+      "[--no-peer] [-t LEVEL]\n"
       "  -m [MIN:]MAX  message sizes in bytes (K/M/G suffixes), doubling (default 4:1M)\n"
       "  -i ITER       timed runs per size (default 100; ITER/10, at least 2, above 1 MiB)\n"
       "  -x WARMUP     warm-up runs per size (default 10; WARMUP/10, at least 1, above 1 MiB)\n"
@@ -214,7 +224,10 @@ std::string UsageText(const std::string& program) {
       "  -d host|cuda  buffer memory (cuda needs a CUDA build)\n"
       "  -T TYPE       float32 (default), float64, float16, bfloat16, int32, int64\n"
       "  --json        JSON instead of the table\n"
-      "  --no-peer     skip Open MPI's own call\n");
+      "  --no-peer     skip Open MPI's own call\n"
+      "  -t LEVEL      MPI thread level: single, funneled, serialized, multiple (default: the\n"
+      "                lowest the program needs, ", ThreadLevelName(MPI_THREAD_SINGLE),
+      " for the blocking benchmarks)\n");
 }
 
 Result<Options> ParseOptions(int argc, char** argv, bool* help) {
@@ -274,6 +287,15 @@ Result<Options> ParseOptions(int argc, char** argv, bool* help) {
     } else if (a == "-T" || a == "--type") {
       PSD_ASSIGN_OR_RETURN(std::string v, need(i, a));
       PSD_ASSIGN_OR_RETURN(o.dtype, ParseDType(v));
+    } else if (a == "-t" || a == "--thread-level") {
+      PSD_ASSIGN_OR_RETURN(std::string v, need(i, a));
+      o.thread_level = -1;
+      for (int level : {MPI_THREAD_SINGLE, MPI_THREAD_FUNNELED, MPI_THREAD_SERIALIZED,
+                        MPI_THREAD_MULTIPLE}) {
+        if (v == ThreadLevelName(level)) o.thread_level = level;
+      }
+      PSD_REQUIRE_ARG(o.thread_level >= 0, "option -t: '", v,
+                      "'; expected single, funneled, serialized or multiple");
     } else {
       return InvalidArgument("unknown option '", a, "'; see --help");
     }
@@ -522,6 +544,8 @@ size_t Collective::CountFor(size_t bytes, DType dtype, int world) const {
   return bytes / DTypeSize(dtype);
 }
 
+int Collective::RequiredThreadLevel() const { return MPI_THREAD_SINGLE; }
+
 bool Collective::PeerSupported(const Context& ctx) const {
   // Debian's Open MPI is not CUDA-aware, and MPI has no float16 / bfloat16 sum.
   return ctx.memory == MemoryKind::kHost && MpiSumSupported(ctx.dtype);
@@ -531,15 +555,44 @@ bool Collective::PeerSupported(const Context& ctx) const {
 
 int RunMain(int argc, char** argv, Collective& c) {
   const std::string program = c.program();
-  auto level = InitMpi(&argc, &argv);
-  if (!level.ok()) {
-    std::fprintf(stderr, "%s: %s\n", program.c_str(), level.status().ToString().c_str());
-    return 1;
+  // The options come first (they need no MPI): -t names the level MPI_Init_thread asks for.
+  // A bad option is reported after MPI init, by rank 0 only, as before.
+  bool help = false;
+  auto parsed = ParseOptions(argc, argv, &help);
+  const int needed = c.RequiredThreadLevel();
+  if (parsed.ok() && parsed->thread_level >= 0 && parsed->thread_level < needed) {
+    parsed = InvalidArgument("option -t ", ThreadLevelName(parsed->thread_level), ": ", program,
+                             " needs at least ", ThreadLevelName(needed));
+  }
+  const bool level_given = parsed.ok() && parsed->thread_level >= 0;
+  const int asked = level_given ? parsed->thread_level : needed;
+  // MPI_Init_thread itself, not poseidon::InitMpi (which always asks for MPI_THREAD_MULTIPLE):
+  // the level changes how Open MPI locks, so both columns must run under the level the
+  // program needs, and the same one.
+  int provided = MPI_THREAD_SINGLE;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    MPI_Query_thread(&provided);
+  } else {
+    int rc = MPI_Init_thread(&argc, &argv, asked, &provided);
+    if (rc != MPI_SUCCESS) {
+      std::fprintf(stderr, "%s: %s\n", program.c_str(),
+                   MpiError("MPI_Init_thread", rc).ToString().c_str());
+      return 1;
+    }
   }
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  bool help = false;
-  auto parsed = ParseOptions(argc, argv, &help);
+  if (parsed.ok() && !help && provided < needed) {
+    if (world_rank == 0) {
+      std::fprintf(stderr, "%s: MPI provides thread level %s, below the %s it needs\n",
+                   program.c_str(), ThreadLevelName(provided).c_str(),
+                   ThreadLevelName(needed).c_str());
+    }
+    MPI_Finalize();
+    return 1;
+  }
   if (!parsed.ok() || help) {
     if (world_rank == 0) {
       if (!parsed.ok()) {
@@ -551,6 +604,13 @@ int RunMain(int argc, char** argv, Collective& c) {
     return parsed.ok() ? 0 : 2;
   }
   const Options opt = *parsed;
+  // Below multiple the communicator's liveness thread cannot run (runtime/liveness.h): with the
+  // default POSEIDON_PEER_TIMEOUT_S it would only warn on every run. Same on every rank (the
+  // setting is agreed; every rank has the same -t and environment).
+  if (provided < MPI_THREAD_MULTIPLE && std::getenv("POSEIDON_PEER_TIMEOUT_S") == nullptr) {
+    Status st = Settings::Global().Set("POSEIDON_PEER_TIMEOUT_S", "0");
+    if (!st.ok()) Fail(MPI_COMM_WORLD, program, st);
+  }
   int exit_code = 0;
   {
     auto created = Communicator::Create(MPI_COMM_WORLD);
@@ -570,7 +630,9 @@ int RunMain(int argc, char** argv, Collective& c) {
     const bool peer = opt.peer && c.PeerSupported(ctx);
     const std::string peer_name = peer ? c.peer_name() : std::string("(no peer)");
 
-    std::ostringstream json_rows;
+    const std::string level_text = ThreadLevelName(provided);
+    const std::string asked_text = ThreadLevelName(asked);
+    const bool liveness = comm->liveness().active();
     if (root) {
       std::string settings_text = StrCat(
           "shm threshold ", settings::ShmThresholdBytes(), " B, shm chunk ",
@@ -583,8 +645,12 @@ int RunMain(int argc, char** argv, Collective& c) {
                     c.ours_name().c_str(), peer_name.c_str());
         std::printf("# host %s | CPU %s | %ld cores online\n", HostName().c_str(),
                     CpuModel().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
-        std::printf("# ranks %d on %d node(s) | %s | thread level %d\n", ctx.world,
-                    comm->num_nodes(), MpiLibrary().c_str(), comm->mpi_thread_level());
+        std::printf("# ranks %d on %d node(s) | %s\n", ctx.world, comm->num_nodes(),
+                    MpiLibrary().c_str());
+        std::printf("# MPI thread level: %s (asked %s%s; the program needs %s; both columns) | "
+                    "liveness heartbeat thread %s\n",
+                    level_text.c_str(), asked_text.c_str(), level_given ? " with -t" : "",
+                    ThreadLevelName(needed).c_str(), liveness ? "on" : "off");
         std::printf("# backend %s, %s memory | %s\n", ctx.backend->name().c_str(),
                     MemoryKindName(opt.memory), settings_text.c_str());
         std::printf("# build: %s\n", build.c_str());
@@ -612,6 +678,10 @@ int RunMain(int argc, char** argv, Collective& c) {
         std::printf("  \"mpi\": \"%s\",\n  \"backend\": \"%s\",\n  \"memory\": \"%s\",\n",
                     JsonEscape(MpiLibrary()).c_str(), ctx.backend->name().c_str(),
                     MemoryKindName(opt.memory));
+        std::printf("  \"mpi_thread_level\": \"%s\",\n  \"mpi_thread_level_asked\": \"%s\",\n"
+                    "  \"mpi_thread_level_needed\": \"%s\",\n  \"liveness_thread\": %s,\n",
+                    level_text.c_str(), asked_text.c_str(), ThreadLevelName(needed).c_str(),
+                    liveness ? "true" : "false");
         std::printf("  \"settings\": \"%s\",\n  \"build\": \"%s\",\n  \"busbw_factor\": \"%s\",\n",
                     JsonEscape(settings_text).c_str(), JsonEscape(build).c_str(),
                     c.factor_text().c_str());

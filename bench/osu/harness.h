@@ -19,6 +19,13 @@
 //   -T TYPE         element type: float32 (default), float64, float16, bfloat16, int32, int64
 //   --json          one JSON document instead of the table
 //   --no-peer       skip the MPI peer
+//   -t LEVEL        the MPI thread level asked of MPI_Init_thread: single, funneled, serialized
+//                   or multiple (default: the lowest the program needs, RequiredThreadLevel;
+//                   single for the blocking benchmarks). Ours and the peer run under the same
+//                   level; the header names the level MPI provided. Below multiple the
+//                   communicator's liveness thread (runtime/liveness.h) cannot run, so unless
+//                   POSEIDON_PEER_TIMEOUT_S is set the harness sets it to 0 (no warning); at
+//                   multiple the heartbeat thread runs beside both columns.
 // Exit status: 0 when every result was right, 1 when any #wrong > 0 or a call failed,
 // 2 for bad options.
 #pragma once
@@ -45,7 +52,11 @@ struct Options {
   bool peer = true;
   MemoryKind memory = MemoryKind::kHost;
   DType dtype = DType::kFloat32;
+  int thread_level = -1;  // -t: an MPI_THREAD_* level; -1: the program's RequiredThreadLevel
 };
+
+// "single", "funneled", "serialized", "multiple" for the MPI_THREAD_* levels.
+std::string ThreadLevelName(int level);
 
 // Parses argv (argv[0] is the program); errors name the option, the value and what is valid.
 // Sets *help when -h / --help was given.
@@ -100,6 +111,9 @@ class Collective {
   virtual Status RunOurs() = 0;
   virtual Status RunPeer() = 0;  // only called when PeerSupported
   virtual bool PeerSupported(const Context& ctx) const;
+  // The lowest MPI thread level the program needs (an MPI_THREAD_* value): the default of -t,
+  // and -t below it is an error. Blocking calls from the main thread need only single.
+  virtual int RequiredThreadLevel() const;
   // Poisons the output before a timed run; counts wrong output elements after it.
   virtual Status PoisonOutput() = 0;
   virtual Result<size_t> CountWrong() = 0;
@@ -192,7 +206,7 @@ class InPlaceBuffers {
   bool restored_ = false, last_peer_ = false;
 };
 
-// The whole program: MPI init, communicator, options, preamble, rows, exit status.
+// The whole program: MPI init (MPI_Init_thread at -t's level), communicator, options, preamble, rows, exit status.
 int RunMain(int argc, char** argv, Collective& collective);
 
 }  // namespace poseidon::osu
