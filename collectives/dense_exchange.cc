@@ -1,7 +1,10 @@
 // HybridCollective::ExchangeDense: the engine's batched dense sum.
-//   1. kFused: pack every part (and the trailer) into the fusion buffer; one allreduce; if a
-//      trailer was given, `commit` reads its sum and may decline (nothing is unpacked: every
-//      part keeps its input, so the engine can run it again); unpack.
+//   1. kFused, host memory: the backend's piecewise allreduce ([trailer][parts]) reads the
+//      parts in place and writes their sums back in place, no packing copy; `commit` reads the
+//      trailer's sum before any part is written and may decline (every part keeps its input, so
+//      the engine can run it again). Where the backend has no piecewise path (across nodes,
+//      device memory): pack every part (and the trailer) into the fusion buffer; one
+//      allreduce; commit as above; unpack.
 //      kInPlace: one allreduce on the part itself.
 //      kChunked: allreduce i+1 is posted before chunk i is averaged (PHub-style pipeline).
 //   2. Each part's tail: a part that ends its layer finishes the whole layer (the 1/P average,
@@ -49,7 +52,57 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
   const double t0 = NowUs();
   std::vector<float*> summed(nparts, nullptr);  // parts whose sum stays in the fusion buffer
   std::vector<const float*> unpacked;
-  if (batch.kind == DenseBatchKind::kFused) {
+  bool by_pieces = false;
+  if (batch.kind == DenseBatchKind::kFused && call.memory == MemoryKind::kHost) {
+    // Host memory: offer the backend the pieces themselves ([trailer][parts or pad]), summed
+    // in place with no packing copy; a backend without that path answers kUnimplemented on
+    // every rank alike and the packed form below runs instead.
+    std::vector<SumPiece> pieces;
+    pieces.reserve(nparts + 2);
+    rep.trailer_sum.resize(batch.trailer.size());
+    pieces.push_back({batch.trailer.data(), rep.trailer_sum.data(), batch.trailer.size()});
+    for (const DensePart& p : batch.parts) {
+      pieces.push_back({p.grad + p.begin, p.grad + p.begin, p.end - p.begin});
+    }
+    Status s;
+    if (batch.pad > 0) {
+      // Zeros for a rank without the data: summed into the fusion buffer and dropped.
+      if (fusion_buf_ == nullptr || fusion_buf_->bytes() < batch.pad * sizeof(float)) {
+        s = InternalError("ExchangeDense: padding of ", batch.pad * sizeof(float),
+                          " bytes outgrew the reserved fusion buffer");
+      } else {
+        s = k.Fill(fusion_buf_->as<float>(), batch.pad, 0.0f, call.stream);
+      }
+      if (s.ok()) pieces.push_back({fusion_buf_->as<float>(), fusion_buf_->as<float>(), batch.pad});
+    }
+    if (s.ok()) {
+      SumCommit commit;
+      if (!batch.trailer.empty() && batch.commit) {
+        commit = [&](const void* sum) { return batch.commit(static_cast<const float*>(sum)); };
+      }
+      bool committed = false;
+      s = ctx_.backend->AllReducePieces(pieces, DType::kFloat32, call, commit, &committed);
+      if (s.code() != StatusCode::kUnimplemented) {
+        by_pieces = true;
+        rep.reduce_us = NowUs() - t0;
+        if (!s.ok()) {
+          rep.trailer_sum.clear();
+          fail_all(s.WithPrefix("fused allreduce: "));
+          return rep;
+        }
+        rep.committed = committed;
+        if (!committed) return rep;
+      }
+    } else {
+      // Never expected (the buffer is reserved at engine creation): still meet the peers in
+      // the packed form below, which reports the same error after taking part.
+      rep.trailer_sum.clear();
+    }
+  }
+  if (by_pieces) {
+    // Summed in place above.
+  } else if (batch.kind == DenseBatchKind::kFused) {
+    rep.trailer_sum.clear();
     size_t total = batch.trailer.size() + batch.pad;
     std::vector<ConstByteRange> in;
     std::vector<ByteRange> out;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,19 @@ class Request {
   Status Wait() { return Wait(nullptr); }
 };
 
+// One piece of a piecewise sum (Backend::AllReducePieces): `count` elements read from `in`,
+// their sum over ranks written to `out` (which may equal `in`).
+struct SumPiece {
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;
+};
+
+// Called with the sum of a piecewise sum's first piece before any other piece's output is
+// written; false declines the rest (no other output is written, every input keeps its value).
+// Every rank sees the same sum, so every rank must decide alike from it.
+using SumCommit = std::function<bool(const void* first_sum)>;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -90,6 +104,18 @@ class Backend {
   virtual Status Broadcast(void* buf, size_t count, DType dtype, int root,
                            const CallOptions& opts = {}) = 0;
   virtual Status Barrier() = 0;
+
+  // Optional: the allreduce of several pieces as if they were one buffer, their concatenation
+  // in order, with no packing copy (the engine's fused groups). commit (may be null) sees the
+  // first piece's sum first (see SumCommit); *committed says whether the rest was written.
+  // Returns kUnimplemented, on every rank alike, when this backend has no such path for the
+  // call (the caller then packs into one buffer and calls AllReduce); the default.
+  virtual Status AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
+                                 const CallOptions& opts, const SumCommit& commit,
+                                 bool* committed) {
+    (void)pieces, (void)dtype, (void)opts, (void)commit, (void)committed;
+    return Status(StatusCode::kUnimplemented, "AllReducePieces: not offered by this backend");
+  }
 
   // Non-blocking forms. Buffers must stay valid and untouched until the request completes.
   virtual Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,

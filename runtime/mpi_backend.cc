@@ -518,6 +518,35 @@ Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   });
 }
 
+Status MpiBackend::AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
+                                   const CallOptions& opts, const SumCommit& commit,
+                                   bool* committed) {
+  const char* call = "AllReducePieces";
+  const MpiWait how = WaitFor("MpiBackend::AllReducePieces", opts);
+  PSD_CHECK(sticky_->Check(how.call));
+  size_t count = 0;
+  for (const SumPiece& p : pieces) count += p.count;
+  Status local = CheckDType(call, dtype);
+  if (local.ok()) local = CheckMemory(call, opts);
+  for (size_t i = 0; i < pieces.size() && local.ok(); ++i) {
+    local = CheckBuffer(call, "piece input", pieces[i].in, pieces[i].count);
+    if (local.ok()) local = CheckBuffer(call, "piece output", pieces[i].out, pieces[i].count);
+  }
+  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
+  // Whether the window carries the call depends only on agreed values (the settings, the node,
+  // the total size, which the caller agreed), so every rank returns here alike.
+  // Without the window every rank answers kUnimplemented (the caller's packed path then meets
+  // any local error together with the peers); with it, a rank with bad arguments joins the
+  // window's agreement, which fails every rank together.
+  if (shm == nullptr || (local.ok() && !ShmCarries(count * DTypeSize(dtype)))) {
+    return Status(StatusCode::kUnimplemented, "MpiBackend::AllReducePieces: not through the window");
+  }
+  const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
+                            local};
+  return ShmResult(*shm, shm->AllReducePieces(pieces, dtype, opts.interrupt, args, commit,
+                                              committed));
+}
+
 Status MpiBackend::Barrier() {
   PSD_CHECK(sticky_->Check("MpiBackend::Barrier"));
   const MpiWait how = WaitFor("MpiBackend::Barrier", {});

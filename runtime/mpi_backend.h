@@ -50,6 +50,11 @@ class MpiBackend : public Backend {
   Status Broadcast(void* buf, size_t count, DType dtype, int root,
                    const CallOptions& opts = {}) override;
   Status Barrier() override;
+  // Through the shared-memory window when the ranks share one node and the whole sum is at
+  // least POSEIDON_SHM_THRESHOLD_BYTES; kUnimplemented otherwise (every rank alike).
+  Status AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
+                         const CallOptions& opts, const SumCommit& commit,
+                         bool* committed) override;
 
   Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
                                               DType dtype, const CallOptions& opts = {}) override;

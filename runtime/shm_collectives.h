@@ -81,6 +81,13 @@ class ShmCollectives {
                     const Interrupt* interrupt = nullptr, const CollectiveArgs* args = nullptr);
   Status Broadcast(void* buf, size_t count, DType dtype, int root,
                    const Interrupt* interrupt = nullptr, const CollectiveArgs* args = nullptr);
+  // Backend::AllReducePieces: the pieces' concatenation summed as AllReduce sums one buffer
+  // (same bits), read straight from the pieces and written straight into them; commit sees the
+  // first piece's sum before any other output is written (the first piece must fit one slot;
+  // kInvalidArgument otherwise). Declining returns OK with *committed false on every rank.
+  Status AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
+                         const Interrupt* interrupt, const CollectiveArgs& args,
+                         const SumCommit& commit, bool* committed);
   // Only the agreement: one Sync that carries args (for calls whose data moves another way,
   // and for Barrier). OK on every rank or the same error on every rank.
   Status Agree(const CollectiveArgs& args, const Interrupt* interrupt = nullptr);

@@ -311,6 +311,56 @@ TEST_P(ShmDirect, AllGatherVAndBroadcast) {
 }
 
 
+// The piecewise allreduce gives AllReduce's bits for the pieces' concatenation, in place, and a
+// declined commit writes nothing but the first piece's sum.
+TEST_P(ShmDirect, AllReducePiecesMatchesAllReduce) {
+  DType dt = GetParam().dtype;
+  for (size_t n : Counts(GetParam())) {
+    n = std::min(n, size_t{1} << 18);
+    const size_t head = std::min<size_t>(n, 5);  // the committed first piece
+    Buf whole(dt, n), want(dt, n), pieces_buf(dt, n);
+    FillX(&whole, rank(), n);
+    pieces_buf.bytes = whole.bytes;
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(whole.data(), want.data(), n, dt)));
+    // Cut [head, n) into three uneven pieces, listed in order.
+    const size_t es = DTypeSize(dt);
+    unsigned char* base = static_cast<unsigned char*>(pieces_buf.data());
+    std::vector<SumPiece> pieces;
+    Buf head_sum(dt, head);
+    pieces.push_back({base, head_sum.data(), head});
+    const size_t cut1 = head + (n - head) / 3, cut2 = head + 2 * (n - head) / 3 + 1;
+    size_t lo = head;
+    for (size_t hi : {std::min(cut1, n), std::min(cut2, n), n}) {
+      if (hi < lo) hi = lo;
+      pieces.push_back({base + lo * es, base + lo * es, hi - lo});
+      lo = hi;
+    }
+    const CollectiveArgs args{"AllReducePieces", static_cast<int64_t>(n),
+                              static_cast<int64_t>(dt), -1, 0, Status::Ok()};
+    for (bool accept : {false, true}) {
+      bool committed = !accept;
+      int calls = 0;
+      SumCommit commit = [&](const void* sum) {
+        ++calls;
+        return accept && std::memcmp(sum, want.data(), head * es) == 0;
+      };
+      ASSERT_TRUE(OkOnEveryRank(
+          shm_->AllReducePieces(pieces, dt, nullptr, args, commit, &committed)));
+      EXPECT_EQ(committed, accept || n == 0) << "n=" << n;
+      EXPECT_EQ(calls, n == 0 ? 0 : 1) << "n=" << n;
+      EXPECT_EQ(std::memcmp(head_sum.data(), want.data(), head * es), 0) << "n=" << n;
+      // Declined: the parts keep their inputs; accepted: they hold AllReduce's bits.
+      const Buf& expect = accept ? want : whole;
+      EXPECT_EQ(std::memcmp(base + head * es, static_cast<const unsigned char*>(expect.data()) +
+                                                  head * es,
+                            (n - head) * es),
+                0)
+          << "n=" << n << (accept ? " accepted" : " declined");
+    }
+    EXPECT_FALSE(shm_->broken());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, ShmDirect, ::testing::ValuesIn(AllCases()), CaseName);
 
 // Through the backend with the shared-memory path forced on: what every strategy will call.
