@@ -57,8 +57,8 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
     // Host memory: offer the backend the pieces themselves ([trailer][parts or pad]), summed
     // in place with no packing copy; a backend without that path answers kUnimplemented on
     // every rank alike and the packed form below runs instead.
-    std::vector<SumPiece> pieces;
-    pieces.reserve(nparts + 2);
+    std::vector<SumPiece>& pieces = pieces_;
+    pieces.clear();
     rep.trailer_sum.resize(batch.trailer.size());
     pieces.push_back({batch.trailer.data(), rep.trailer_sum.data(), batch.trailer.size()});
     for (const DensePart& p : batch.parts) {

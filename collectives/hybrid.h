@@ -191,6 +191,7 @@ class HybridCollective {
   std::optional<Plan> plan_;
   Traffic total_;
   std::unique_ptr<KernelBuffer> fusion_buf_;  // ExchangeDense's packing buffer
+  std::vector<SumPiece> pieces_;              // ExchangeDense's piece list, kept across calls
 };
 
 }  // namespace poseidon

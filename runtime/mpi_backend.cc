@@ -1,6 +1,7 @@
 #include "runtime/mpi_backend.h"
 
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -207,16 +208,22 @@ const MpiBackend::Knobs& MpiBackend::knobs() {
   return knobs_;
 }
 
-Result<ShmCollectives*> MpiBackend::Check(const CollectiveArgs& args, const MpiWait& how,
-                                          bool agreed) {
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
-  if (shm != nullptr) return shm;  // the window checks args in the call's first step
-  if (knobs().check_args && !agreed) {
-    PSD_CHECK(AgreeOnArgs(comm_, args, how));
+template <typename Run>
+std::optional<Status> MpiBackend::Checked(const CollectiveArgs& args, const MpiWait& how,
+                                          bool agreed, size_t bytes, Run run) {
+  Result<ShmCollectives*> node = Node(how);
+  if (!node.ok()) return node.status();
+  ShmCollectives* shm = *node;
+  Status checked;
+  if (shm == nullptr) {
+    checked = knobs().check_args && !agreed ? AgreeOnArgs(comm_, args, how) : args.local;
+  } else if (!args.local.ok() || ShmCarries(bytes)) {
+    return ShmResult(*shm, run(*shm));
   } else {
-    PSD_CHECK(args.local);
+    checked = ShmResult(*shm, shm->Agree(args, how.interrupt));
   }
-  return static_cast<ShmCollectives*>(nullptr);
+  if (!checked.ok()) return checked;
+  return std::nullopt;
 }
 
 bool MpiBackend::SupportsMemory(MemoryKind memory) const { return memory == MemoryKind::kHost; }
@@ -224,10 +231,11 @@ bool MpiBackend::SupportsMemory(MemoryKind memory) const { return memory == Memo
 Status MpiBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt) {
   const MpiWait how{interrupt, args.call, sticky_.get()};
   PSD_CHECK(sticky_->Check(args.call));
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
-  if (shm != nullptr) return ShmResult(*shm, shm->Agree(args, interrupt));
-  if (!knobs().check_args) return args.local;
-  return AgreeOnArgs(comm_, args, how);
+  // Moves no data: the window, where there is one, runs only its agreement (a bad local status
+  // fails there too, together with the peers).
+  auto agree_only = [&](ShmCollectives& shm) { return shm.Agree(args, interrupt); };
+  std::optional<Status> done = Checked(args, how, /*agreed=*/false, SIZE_MAX, agree_only);
+  return done ? *done : Status::Ok();
 }
 
 Status MpiBackend::ShmResult(const ShmCollectives& shm, Status status) {
@@ -362,12 +370,11 @@ Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType d
   if (local.ok()) local = CheckFitsInt(call, count);
   const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
                             local};
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
-  if (shm != nullptr) {
-    if (!local.ok() || ShmCarries(count * DTypeSize(dtype))) {
-      return ShmResult(*shm, shm->AllReduce(send, recv, count, dtype, opts.interrupt, &args));
-    }
-    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
+  const size_t bytes = count * DTypeSize(dtype);
+  if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
+        return w.AllReduce(send, recv, count, dtype, opts.interrupt, &args);
+      })) {
+    return *done;
   }
   return AllReduceUnchecked(send, recv, count, dtype, how);
 }
@@ -415,13 +422,11 @@ Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector
   if (local.ok()) local = CheckBuffer(call, "recv", recv, counts[static_cast<size_t>(rank_)]);
   const CollectiveArgs args{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
                             HashCounts(counts), local};
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
-  if (shm != nullptr) {
-    if (!local.ok() || ShmCarries(total * DTypeSize(dtype))) {
-      return ShmResult(*shm,
-                       shm->ReduceScatter(send, recv, counts, dtype, opts.interrupt, &args));
-    }
-    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
+  const size_t bytes = total * DTypeSize(dtype);
+  if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
+        return w.ReduceScatter(send, recv, counts, dtype, opts.interrupt, &args);
+      })) {
+    return *done;
   }
   return ReduceScatterUnchecked(send, recv, counts, dtype, how);
 }
@@ -438,12 +443,11 @@ Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType d
   if (local.ok()) local = CheckFitsInt(call, count * static_cast<size_t>(size_));
   const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
                             local};
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
-  if (shm != nullptr) {
-    if (!local.ok() || ShmCarries(count * static_cast<size_t>(size_) * DTypeSize(dtype))) {
-      return ShmResult(*shm, shm->AllGather(send, recv, count, dtype, opts.interrupt, &args));
-    }
-    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
+  const size_t bytes = count * static_cast<size_t>(size_) * DTypeSize(dtype);
+  if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
+        return w.AllGather(send, recv, count, dtype, opts.interrupt, &args);
+      })) {
+    return *done;
   }
   if (count == 0) return Status::Ok();
   const int n = static_cast<int>(count);
@@ -467,12 +471,11 @@ Status MpiBackend::AllGatherV(const void* send, void* recv, const std::vector<si
   if (local.ok()) local = CheckBuffer(call, "recv", recv, total);
   const CollectiveArgs args{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
                             HashCounts(counts), local};
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
-  if (shm != nullptr) {
-    if (!local.ok() || ShmCarries(total * DTypeSize(dtype))) {
-      return ShmResult(*shm, shm->AllGatherV(send, recv, counts, dtype, opts.interrupt, &args));
-    }
-    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
+  const size_t bytes = total * DTypeSize(dtype);
+  if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
+        return w.AllGatherV(send, recv, counts, dtype, opts.interrupt, &args);
+      })) {
+    return *done;
   }
   if (total == 0) return Status::Ok();
   auto scratch = std::make_shared<Scratch>();
@@ -503,12 +506,11 @@ Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   }
   const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0,
                             local};
-  PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Check(args, how, opts.agreed));
-  if (shm != nullptr) {
-    if (!local.ok() || ShmCarries(count * DTypeSize(dtype))) {
-      return ShmResult(*shm, shm->Broadcast(buf, count, dtype, root, opts.interrupt, &args));
-    }
-    PSD_CHECK(ShmResult(*shm, shm->Agree(args, opts.interrupt)));
+  const size_t bytes = count * DTypeSize(dtype);
+  if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
+        return w.Broadcast(buf, count, dtype, root, opts.interrupt, &args);
+      })) {
+    return *done;
   }
   if (count == 0) return Status::Ok();
   const int n = static_cast<int>(count);
@@ -534,12 +536,12 @@ Status MpiBackend::AllReducePieces(const std::vector<SumPiece>& pieces, DType dt
   }
   PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
   // Whether the window carries the call depends only on agreed values (the settings, the node,
-  // the total size, which the caller agreed), so every rank returns here alike.
-  // Without the window every rank answers kUnimplemented (the caller's packed path then meets
-  // any local error together with the peers); with it, a rank with bad arguments joins the
-  // window's agreement, which fails every rank together.
+  // the total size, which the caller agreed), so every rank answers kUnimplemented alike (the
+  // caller's packed path then meets any local error together with the peers); with the
+  // window, a rank with bad arguments joins its agreement, which fails every rank together.
   if (shm == nullptr || (local.ok() && !ShmCarries(count * DTypeSize(dtype)))) {
-    return Status(StatusCode::kUnimplemented, "MpiBackend::AllReducePieces: not through the window");
+    return Status(StatusCode::kUnimplemented,
+                  "MpiBackend::AllReducePieces: not through the window");
   }
   const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
                             local};

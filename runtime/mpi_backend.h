@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "runtime/backend.h"
@@ -112,11 +113,15 @@ class MpiBackend : public Backend {
   bool ShmCarries(size_t bytes) {
     return bytes >= static_cast<size_t>(knobs().shm_threshold);
   }
-  // The argument check of a blocking call: returns the window (the call then passes args to
-  // it, which checks them in its first step), or, across nodes, runs AgreeOnArgs (unless
-  // POSEIDON_CHECK_ARGS=0 or the caller agreed: then only this rank's own checks) and returns
-  // nullptr.
-  Result<ShmCollectives*> Check(const CollectiveArgs& args, const MpiWait& how, bool agreed);
+  // The argument check of a blocking call, and the call itself where the window carries it.
+  // With the window: run(window) when this rank's arguments are bad or ShmCarries(bytes) (the
+  // window checks args in the call's first step), else the window's agreement alone. Across
+  // nodes: AgreeOnArgs (unless POSEIDON_CHECK_ARGS=0 or `agreed`: then only args.local).
+  // Returns the call's status when it ended here, nullopt when the check passed and the data
+  // must now move through Open MPI.
+  template <typename Run>
+  std::optional<Status> Checked(const CollectiveArgs& args, const MpiWait& how, bool agreed,
+                                size_t bytes, Run run);
 
   // The settings every call reads, re-read only when Settings::version() moves (a settings
   // lookup costs about a microsecond: several per call showed in small collectives).

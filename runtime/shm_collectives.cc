@@ -198,9 +198,9 @@ struct ShmCollectives::Descriptor {
 
 namespace {
 // The control area: the counter line, then two descriptors; slots start 64-byte aligned.
-constexpr size_t kControlBytes = (kLineBytes + 2 * 320 + 63) / 64 * 64;
+constexpr size_t kDescBytes = 320;  // one descriptor's place (two per rank)
+constexpr size_t kControlBytes = (kLineBytes + 2 * kDescBytes + 63) / 64 * 64;
 }  // namespace
-static_assert(sizeof(ArgRecord) + 24 + 232 <= 320, "descriptor larger than its place");
 
 void ShmReduceSum(DType dtype, const void* const* srcs, int n, void* dst, size_t count) {
   if (count == 0 || n <= 0) return;
@@ -325,8 +325,9 @@ volatile uint64_t* ShmCollectives::Counter(int rank) const {
 }
 
 ShmCollectives::Descriptor* ShmCollectives::Desc(int rank, uint64_t call) const {
+  static_assert(sizeof(Descriptor) <= kDescBytes, "descriptor larger than its place");
   return reinterpret_cast<Descriptor*>(bases_[static_cast<size_t>(rank)] + kLineBytes +
-                                       (call % 2) * 320);
+                                       (call % 2) * kDescBytes);
 }
 
 Status ShmCollectives::CheckUsable(const char* call) const {
@@ -431,6 +432,19 @@ void CopyString(char* dst, size_t cap, const char* src) {
   dst[n] = '\0';
 }
 std::string ReadString(const char* src, size_t cap) { return std::string(src, strnlen(src, cap)); }
+
+// This rank's own checks of a call with a counts vector, and its descriptor when the caller
+// gave none (the hash of the counts is taken only then: the backend passes its own).
+Status CheckCounted(const char* call, const std::vector<size_t>& counts, DType dtype, int world) {
+  Status local = CheckDType(call, dtype);
+  if (local.ok()) local = CheckCountsPerRank(call, counts, world);
+  return local;
+}
+CollectiveArgs CountedArgs(const char* call, const std::vector<size_t>& counts, DType dtype,
+                           const Status& local) {
+  return {call, static_cast<int64_t>(SumCounts(counts)), static_cast<int64_t>(dtype), -1,
+          HashCounts(counts), local};
+}
 }  // namespace
 
 Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interrupt) {
@@ -541,11 +555,10 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
                                      const std::vector<size_t>& counts, DType dtype,
                                      const Interrupt* interrupt, const CollectiveArgs* args) {
   const char* call = "ReduceScatter";
-  Status local = CheckDType(call, dtype);
-  if (local.ok()) local = CheckCountsPerRank(call, counts, size_);
+  const Status local = CheckCounted(call, counts, dtype, size_);
   const size_t total = SumCounts(counts);
-  const CollectiveArgs own{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
-                           HashCounts(counts), local};
+  const CollectiveArgs own =
+      args != nullptr ? CollectiveArgs{} : CountedArgs(call, counts, dtype, local);
   const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(CheckUsable(call));
   if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
@@ -598,11 +611,10 @@ Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vecto
                                   DType dtype, const Interrupt* interrupt,
                                   const CollectiveArgs* args) {
   const char* call = "AllGatherV";
-  Status local = CheckDType(call, dtype);
-  if (local.ok()) local = CheckCountsPerRank(call, counts, size_);
+  const Status local = CheckCounted(call, counts, dtype, size_);
   const size_t total = SumCounts(counts);
-  const CollectiveArgs own{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
-                           HashCounts(counts), local};
+  const CollectiveArgs own =
+      args != nullptr ? CollectiveArgs{} : CountedArgs(call, counts, dtype, local);
   const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(CheckUsable(a.call));
   if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
@@ -747,8 +759,11 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
   const size_t per_chunk = slot_bytes_ / es;
   const size_t chunks = (count + per_chunk - 1) / per_chunk;
   if (first > per_chunk) {
-    return InvalidArgument(call, ": the committed first piece holds ", first,
-                           " elements; expected at most one slot (", per_chunk, ")");
+    // Told to the peers through the agreement, so none is left waiting for this rank.
+    CollectiveArgs bad = args;
+    bad.local = InvalidArgument(call, ": the committed first piece holds ", first,
+                                " elements; expected at most one slot (", per_chunk, ")");
+    return Enter(bad, interrupt);
   }
   auto chunk_len = [&](size_t k) { return std::min(per_chunk, count - k * per_chunk); };
   // Copies the reduced shards of chunk k that fall in [lo, hi) (whole-buffer indices) out.
