@@ -59,6 +59,7 @@
 #include "runtime/half.h"
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
+#include "runtime/multiversion.h"
 #include "runtime/shard.h"
 
 namespace poseidon {
@@ -202,6 +203,7 @@ constexpr size_t kDescBytes = 320;  // one descriptor's place (two per rank)
 constexpr size_t kControlBytes = (kLineBytes + 2 * kDescBytes + 63) / 64 * 64;
 }  // namespace
 
+PSD_MULTIVERSION
 void ShmReduceSum(DType dtype, const void* const* srcs, int n, void* dst, size_t count) {
   if (count == 0 || n <= 0) return;
   switch (dtype) {

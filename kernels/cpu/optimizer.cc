@@ -17,6 +17,7 @@
 
 #include "kernels/contract_checks.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "runtime/multiversion.h"
 
 namespace poseidon {
 namespace cpu {
@@ -39,6 +40,7 @@ using kernel_checks::CheckPieces;
 
 }  // namespace
 
+PSD_MULTIVERSION
 Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                float grad_scale, float* velocity, size_t n, const SgdParams& p) {
   PSD_CHECK(kernel_checks::CheckSgdArgs("SgdStep", param, grads, num_grads, grad_stride,
@@ -79,6 +81,7 @@ Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stri
   return Status::Ok();
 }
 
+PSD_MULTIVERSION
 Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                 float grad_scale, float* m, float* v, size_t n, const AdamParams& p) {
   double bc1 = 1.0, bc2 = 1.0;
