@@ -2,7 +2,8 @@
 //   1. Cost allreduce (always: it is the baseline the plan compares against) and every other
 //      candidate that applies to the layer.
 //   2. Choose: per-layer force, else a global force that applies, else the cheapest candidate
-//      (exact ties within 1e-12 relative broken sfb, allreduce, ps, topk).
+//      (exact ties within 1e-12 relative broken sfb, allreduce, ps, topk; with one rank,
+//      allreduce first).
 // The plan table prints one line per layer and parses back.
 #include "collectives/planner.h"
 
@@ -17,8 +18,12 @@
 namespace poseidon {
 namespace {
 
-// Lower wins a tie: sfb (lossless, Poseidon's rule is "<="), allreduce, ps, topk (lossy).
-int TiePreference(StrategyKind s) {
+// Lower wins a tie: sfb (lossless, Poseidon's rule is "<="), allreduce, ps, topk (lossy). With
+// one rank nothing is exchanged and sfb ties allreduce exactly (the same GEMM forms the
+// gradient); allreduce wins there: it is the identity, and the engine fuses it into one cached
+// op per step instead of one exchange per layer.
+int TiePreference(StrategyKind s, int world) {
+  if (world == 1 && s == StrategyKind::kAllReduce) return -1;
   switch (s) {
     case StrategyKind::kSfb:
       return 0;
@@ -127,7 +132,7 @@ Result<PlanEntry> PlanLayer(const LayerSpec& layer, size_t batch, int world, con
     double tol = 1e-12 * std::max(std::fabs(c.time_s), std::fabs(best->time_s));
     if (c.time_s < best->time_s - tol ||
         (std::fabs(c.time_s - best->time_s) <= tol &&
-         TiePreference(c.strategy) < TiePreference(best->strategy))) {
+         TiePreference(c.strategy, world) < TiePreference(best->strategy, world))) {
       best = &c;
     }
   }
