@@ -38,8 +38,18 @@ Status HybridCollective::ReserveFusion(size_t bytes) {
 
 DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
   DenseBatchReport rep;
+  ExchangeDense(batch, &rep);
+  return rep;
+}
+
+void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* out) {
+  DenseBatchReport& rep = *out;
   const size_t nparts = batch.parts.size();
   rep.status.assign(nparts, Status::Ok());
+  rep.committed = true;
+  rep.trailer_sum.clear();
+  rep.chunks = 0;
+  rep.pack_us = rep.reduce_us = rep.finish_us = 0;
   const Kernels& k = *ctx_.kernels;
   CallOptions call = ctx_.call;
   call.agreed = true;  // the engine's negotiation agreed on the parts
@@ -50,7 +60,8 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
 
   // 1. The sum.
   const double t0 = NowUs();
-  std::vector<float*> summed(nparts, nullptr);  // parts whose sum stays in the fusion buffer
+  std::vector<float*>& summed = summed_;  // parts whose sum stays in the fusion buffer
+  summed.assign(nparts, nullptr);
   std::vector<const float*> unpacked;
   bool by_pieces = false;
   if (batch.kind == DenseBatchKind::kFused && call.memory == MemoryKind::kHost) {
@@ -88,10 +99,10 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
         if (!s.ok()) {
           rep.trailer_sum.clear();
           fail_all(s.WithPrefix("fused allreduce: "));
-          return rep;
+          return;
         }
         rep.committed = committed;
-        if (!committed) return rep;
+        if (!committed) return;
       }
     } else {
       // Never expected (the buffer is reserved at engine creation): still meet the peers in
@@ -124,7 +135,7 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
     }
     if (!s.ok()) {
       fail_all(s);
-      return rep;
+      return;
     }
     float* buf = fusion_buf_->as<float>();
     const size_t data_elems = total - batch.trailer.size();
@@ -157,7 +168,7 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
     rep.reduce_us = t2 - t1;
     if (!sum.ok()) {
       fail_all(sum.WithPrefix("fused allreduce: "));
-      return rep;
+      return;
     }
     if (!batch.trailer.empty()) {
       rep.trailer_sum.resize(batch.trailer.size());
@@ -166,14 +177,14 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
       if (c.ok()) c = k.Synchronize(call.stream);
       if (!c.ok()) s = s.ok() ? c : s;
       rep.committed = batch.commit ? batch.commit(rep.trailer_sum.data()) : true;
-      if (!rep.committed) return rep;
+      if (!rep.committed) return;
     }
     for (size_t j = 0; j < out.size() && s.ok(); ++j) {
       s = k.Copy(out[j].data, unpacked[j], out[j].bytes, call.stream);
     }
     if (!s.ok()) {
       fail_all(s.WithPrefix("fused allreduce: "));
-      return rep;
+      return;
     }
   } else if (batch.kind == DenseBatchKind::kInPlace) {
     const DensePart& p = batch.parts.at(0);
@@ -185,7 +196,7 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
     rep.reduce_us = NowUs() - t0;
     if (!s.ok()) {
       fail_all(s.WithPrefix("allreduce: "));
-      return rep;
+      return;
     }
   } else {
     const DensePart& p = batch.parts.at(0);
@@ -225,7 +236,7 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
     rep.reduce_us = NowUs() - t0;
     if (!s.ok()) {
       fail_all(s.WithPrefix("chunked allreduce: "));
-      return rep;
+      return;
     }
   }
 
@@ -259,7 +270,6 @@ DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
     rep.status[i] = s;
   }
   rep.finish_us = NowUs() - t3;
-  return rep;
 }
 
 }  // namespace poseidon

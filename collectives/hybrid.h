@@ -134,6 +134,9 @@ class HybridCollective {
   // part. The engine's entry point; local errors of one rank are reported per part, and the
   // rank still takes part in the collective, so the peers are never left waiting.
   DenseBatchReport ExchangeDense(const DenseBatch& batch);
+  // The same, into a report the caller keeps across calls (its vectors keep their capacity:
+  // the engine's cached rounds allocate nothing per step).
+  void ExchangeDense(const DenseBatch& batch, DenseBatchReport* rep);
   // Allocates the fusion buffer ExchangeDense packs into (at least `bytes`), so no allocation
   // can fail on one rank mid-run. Local.
   Status ReserveFusion(size_t bytes);
@@ -192,6 +195,7 @@ class HybridCollective {
   Traffic total_;
   std::unique_ptr<KernelBuffer> fusion_buf_;  // ExchangeDense's packing buffer
   std::vector<SumPiece> pieces_;              // ExchangeDense's piece list, kept across calls
+  std::vector<float*> summed_;                // and its parts left in the fusion buffer
 };
 
 }  // namespace poseidon

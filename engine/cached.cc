@@ -236,11 +236,16 @@ bool Engine::CachedRound(bool ready, bool shutdown, const char* why, double star
     std::lock_guard<std::mutex> lock(mu_);
     waiter_blocked_ = false;  // a blocked waiter's op may be this one; if not, Submit wakes us
   }
-  // 2. The round.
-  std::vector<engine::Descriptor> heads;
-  DenseBatch batch;
+  // 2. The round. Its lists live in members, so a steady-state round allocates nothing.
+  std::vector<engine::Descriptor>& heads = round_heads_;
+  std::vector<Entry*>& entries = round_entries_;
+  DenseBatch& batch = round_batch_;
+  DenseBatchReport& rep = round_report_;
+  heads.clear();
+  entries.clear();
+  batch.parts.clear();
   batch.kind = DenseBatchKind::kFused;
-  std::vector<Entry*> entries;
+  batch.pad = 0;
   if (ready) {
     for (int l : op.layers) {
       Entry& e = queues_[static_cast<size_t>(l)].front();
@@ -265,15 +270,16 @@ bool Engine::CachedRound(bool ready, bool shutdown, const char* why, double star
     batch.pad = op.elems;
   }
   const uint64_t hash = ready ? engine::CachedOpHash(next_op_, heads) : 0;
-  batch.trailer = engine::EncodeTrailer(ready, !exec_error_.empty(), shutdown, hash);
+  engine::EncodeTrailer(ready, !exec_error_.empty(), shutdown, hash, &batch.trailer);
   engine::TrailerVerdict verdict;
   const int world = comm_->size();
-  batch.commit = [&](const float* sum) {
+  batch.commit = [&verdict, world](const float* sum) {
     verdict = engine::DecodeTrailer(sum, world);
     return verdict.commit();
   };
   const double t0 = NowUs();
-  const DenseBatchReport rep = hc_->ExchangeDense(batch);
+  hc_->ExchangeDense(batch, &rep);
+  batch.commit = nullptr;  // it refers to this frame's verdict
   const double t1 = NowUs();
   if (rep.trailer_sum.empty()) {
     // The allreduce itself failed (a lost peer, MPI): nothing is known of the others.

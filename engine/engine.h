@@ -311,6 +311,11 @@ class Engine {
   std::vector<bool> in_schedule_;  // per layer: appears in schedule_ (set on entering the cache)
   size_t next_op_ = 0;
   double patience_s_ = 1.0;  // how long a cached op waits for its layers before bailing
+  // CachedRound's lists, kept across rounds so that a steady-state round allocates nothing.
+  std::vector<engine::Descriptor> round_heads_;
+  std::vector<Entry*> round_entries_;
+  DenseBatch round_batch_;
+  DenseBatchReport round_report_;
   bool switch_to_cache_ = false;  // set by RunReady, taken at the end of the cycle
 
   Counters counters_;

@@ -74,7 +74,14 @@ bool ScheduleRecorder::Ready(std::vector<CachedOp>* schedule, size_t* next_op) c
 void ScheduleRecorder::Reset() { cur_ = prev_ = prev2_ = StepRecord(); }
 
 std::vector<float> EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t hash) {
-  std::vector<float> t(kTrailerFloats, 0.0f);
+  std::vector<float> t;
+  EncodeTrailer(ready, error, shutdown, hash, &t);
+  return t;
+}
+
+void EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t hash, std::vector<float>* out) {
+  std::vector<float>& t = *out;
+  t.assign(kTrailerFloats, 0.0f);
   t[0] = ready ? 1.0f : 0.0f;
   t[1] = error ? 1.0f : 0.0f;
   t[2] = shutdown ? 1.0f : 0.0f;
@@ -83,7 +90,6 @@ std::vector<float> EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t
     t[3 + 2 * i] = x;
     t[4 + 2 * i] = x * x;
   }
-  return t;
 }
 
 TrailerVerdict DecodeTrailer(const float* sum, int world) {

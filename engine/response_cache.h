@@ -63,6 +63,8 @@ constexpr int kTrailerFloats = 3 + 2 * kHashPieces;
 constexpr int kMaxCachedWorld = 256;
 
 std::vector<float> EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t hash);
+// The same into *out (resized; its capacity is reused).
+void EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t hash, std::vector<float>* out);
 
 struct TrailerVerdict {
   bool all_ready = false;

@@ -235,6 +235,7 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   }
   s->rank_ = rank;
   s->size_ = size;
+  s->srcs_.resize(static_cast<size_t>(size));
   s->timeout_s_ = timeout_s;
 
   // Agree on the chunk size and on its validity before anyone allocates.
@@ -497,7 +498,7 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
   const size_t es = DTypeSize(dtype);
   const unsigned char* in = static_cast<const unsigned char*>(send);
   unsigned char* out = static_cast<unsigned char*>(recv);
-  std::vector<const void*> srcs(static_cast<size_t>(size_));
+  std::vector<const void*>& srcs = srcs_;
 
   if (count * es <= one_shot_bytes_) {
     std::memcpy(Slot(rank_, stage_), in, count * es);
@@ -571,7 +572,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
   const size_t rounds = (largest + piece - 1) / piece;
   const unsigned char* in = static_cast<const unsigned char*>(send);
   unsigned char* out = static_cast<unsigned char*>(recv);
-  std::vector<const void*> srcs(static_cast<size_t>(size_));
+  std::vector<const void*>& srcs = srcs_;
   auto piece_len = [&](int q, size_t k) {
     size_t c = counts[static_cast<size_t>(q)], start = k * piece;
     return start >= c ? 0 : std::min(piece, c - start);
@@ -727,7 +728,7 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
   }
   const size_t es = DTypeSize(dtype);
   const size_t first = pieces.empty() ? 0 : pieces[0].count;  // the committed piece
-  std::vector<const void*> srcs(static_cast<size_t>(size_));
+  std::vector<const void*>& srcs = srcs_;
   // Sums elements [lo, hi) of a one-stage buffer whose element x is at Slot(r) + x (every
   // rank's whole input is there) into the outputs, piece by piece.
   auto sum_into_pieces = [&](uint64_t stage, size_t lo, size_t hi) {

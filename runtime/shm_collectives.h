@@ -117,6 +117,7 @@ class ShmCollectives {
   bool separate_model_ = false;  // MPI_WIN_SEPARATE: MPI_Win_sync needed around each Sync
   int rank_ = 0;
   int size_ = 1;
+  std::vector<const void*> srcs_;  // one source per rank, for the sums (no per-call allocation)
   size_t chunk_bytes_ = 0;
   size_t slot_bytes_ = 0;
   double timeout_s_ = 0;
