@@ -37,7 +37,7 @@ class AllReduce final : public Strategy {
 
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                   int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
-    if (Status st = strategy_internal::CheckBuffers("Exchange(allreduce)", layer, buf, true);
+    if (Status st = strategy_internal::CheckBuffers("Exchange(allreduce)", layer, buf);
         !st.ok()) {
       return strategy_internal::FailTogether(ctx, st);
     }
@@ -49,7 +49,7 @@ class AllReduce final : public Strategy {
 
   Status FinishSum(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                    const StrategyContext& ctx) const override {
-    if (Status st = strategy_internal::CheckBuffers("FinishSum(allreduce)", layer, buf, true);
+    if (Status st = strategy_internal::CheckBuffers("FinishSum(allreduce)", layer, buf);
         !st.ok()) {
       return st;
     }

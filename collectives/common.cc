@@ -95,8 +95,7 @@ double FormGradientTime(const LayerSpec& layer, size_t batch, const CostModel& m
                         static_cast<double>(layer.cols()));
 }
 
-Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf,
-                    bool needs_grad_input) {
+Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf) {
   size_t n = layer.NumElements();
   if (n == 0) return Status::Ok();
   PSD_REQUIRE_ARG(buf.grad != nullptr, call, ": layer ", layer.name,
@@ -106,7 +105,6 @@ Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuff
                     ": params is null but the layer has an optimizer (",
                     OptimizerName(layer.optimizer.kind), "); expected ", n, " floats");
   }
-  (void)needs_grad_input;
   return Status::Ok();
 }
 

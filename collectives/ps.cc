@@ -59,7 +59,7 @@ class Ps final : public Strategy {
                   int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(ps)";
     Status args = layer.optimizer.enabled()
-                      ? strategy_internal::CheckBuffers(call, layer, buf, true)
+                      ? strategy_internal::CheckBuffers(call, layer, buf)
                       : InvalidArgument(call, ": layer ", layer.name,
                                         " has no optimizer; ps updates parameters on the shard "
                                         "owner, so it needs one (use allreduce to average "

@@ -58,7 +58,7 @@ class Sfb final : public Strategy {
                   int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(sfb)";
     const size_t kmax = buf.max_batch == 0 ? buf.batch : buf.max_batch;
-    Status args = strategy_internal::CheckBuffers(call, layer, buf, false);
+    Status args = strategy_internal::CheckBuffers(call, layer, buf);
     if (args.ok() && buf.batch > kmax) {
       args = InvalidArgument(call, ": layer ", layer.name, ": batch ", buf.batch,
                              " exceeds max_batch ", kmax,

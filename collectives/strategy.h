@@ -190,8 +190,8 @@ const Strategy& TopkStrategy();
 // k = ceil(density * n) (or the layer's explicit k), at least 1 for n > 0.
 size_t TopkCount(const LayerSpec& layer);
 // Checks the buffers a strategy needs, naming the call, the layer and the missing pointer.
-Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf,
-                    bool needs_grad_input);
+// Every strategy needs grad (the input, or for sfb the output its GEMM rebuilds into).
+Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf);
 // Returns `local` (an argument error found on this rank alone) after making the peers' next
 // collective fail too: a deliberately invalid backend call makes the backend's cross-rank
 // argument agreement (POSEIDON_CHECK_ARGS, on by default) fail on every rank instead of

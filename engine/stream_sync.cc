@@ -18,8 +18,6 @@ cudaStream_t AsStream(void* s) { return static_cast<cudaStream_t>(s); }
 cudaEvent_t AsEvent(void* e) { return static_cast<cudaEvent_t>(e); }
 }  // namespace
 
-bool StreamSyncBuilt() { return true; }
-
 Result<int> CurrentDevice() {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -77,16 +75,6 @@ Status Event::OrderStream(void* stream) const {
                     "Engine: cudaStreamWaitEvent");
 }
 
-Result<bool> Event::Query() const {
-  cudaError_t err = cudaEventQuery(AsEvent(event_));
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return CudaStatus(err, "Engine: cudaEventQuery");
-}
-
 Status Event::Synchronize() const {
   return CudaStatus(cudaEventSynchronize(AsEvent(event_)), "Engine: cudaEventSynchronize");
 }
@@ -101,7 +89,6 @@ Status NoCuda(const char* what) {
 }
 }  // namespace
 
-bool StreamSyncBuilt() { return false; }
 Result<int> CurrentDevice() { return NoCuda("the current CUDA device"); }
 Status UseDevice(int) { return NoCuda("selecting a CUDA device"); }
 
@@ -113,7 +100,6 @@ Result<std::unique_ptr<Event>> Event::Create() { return NoCuda("a CUDA event"); 
 Event::~Event() = default;
 Status Event::Record(void*) { return NoCuda("recording a CUDA event"); }
 Status Event::OrderStream(void*) const { return NoCuda("ordering a stream after an event"); }
-Result<bool> Event::Query() const { return NoCuda("querying a CUDA event"); }
 Status Event::Synchronize() const { return NoCuda("synchronizing a CUDA event"); }
 
 #endif

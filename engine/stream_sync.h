@@ -20,9 +20,6 @@
 
 namespace poseidon::engine {
 
-// True when this build has CUDA (the calls below can work at all).
-bool StreamSyncBuilt();
-
 // The calling thread's current CUDA device, and making it current on another thread (the
 // engine thread must use the device its creator uses).
 Result<int> CurrentDevice();
@@ -56,8 +53,6 @@ class Event {
   Status Record(void* stream);
   // Makes `stream` wait (on the device) for the captured work; the host does not wait.
   Status OrderStream(void* stream) const;
-  // True once the captured work has finished; never blocks.
-  Result<bool> Query() const;
   // Blocks the host until the captured work has finished.
   Status Synchronize() const;
 

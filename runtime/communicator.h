@@ -43,7 +43,6 @@ class Communicator {
   int mpi_thread_level() const { return thread_level_; }
 
   MPI_Comm mpi_comm() const { return comm_; }
-  MPI_Comm local_comm() const { return local_comm_; }
 
   // The backend for host memory (MPI).
   Backend& host_backend() { return *host_backend_; }

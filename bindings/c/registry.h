@@ -1,5 +1,8 @@
 // Internals of the C API: the registry of live handles and the error plumbing every entry
-// point goes through. Not installed; only bindings/c/*.cc include it.
+// point goes through. Not installed; included by bindings/c/*.cc and by the Python module
+// (bindings/python/module.cc), which checks its arrays before calling the C API and fails a
+// call on every rank through the same plumbing (FailBlockingCollective, FailSubmit) when one
+// rank's arguments are bad.
 //
 // Why a registry: a C caller may pass a handle it already destroyed. Handles are therefore
 // numbers (never addresses) mapped to shared state; a number not in the map is refused with a

@@ -187,7 +187,6 @@ TEST(DeviceHybridNoGpu, DeviceCollectiveIsRefusedOnEveryRank) {
 
 TEST(DeviceHybridNoGpu, StreamSeamReportsTheCudaError) {
   if (NoGpuReason().empty()) GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
-  ASSERT_TRUE(engine::StreamSyncBuilt());
   auto ev = engine::Event::Create();
   ASSERT_FALSE(ev.ok());
   EXPECT_NE(ev.status().message().find("cudaEventCreateWithFlags"), std::string::npos)
