@@ -127,9 +127,11 @@ const float* HalfTable() {
 
 // Sums in rank order, several sources per pass over the L1-resident accumulator (up to 4 in
 // the first pass, then 3), which nearly halves the loads and stores of one source per pass.
-// The parenthesization keeps the order ((s0 + s1) + s2) + ... exactly.
+// The parenthesization keeps the order ((s0 + s1) + s2) + ... exactly. Inlined into
+// ShmReduceSum, so its loops are compiled for each of that function's targets.
 template <typename T>
-void SumTyped(const void* const* srcs, int n, void* dst, size_t count) {
+inline __attribute__((always_inline)) void SumTyped(const void* const* srcs, int n, void* dst,
+                                                    size_t count) {
   T* out = static_cast<T*>(dst);
   auto src = [&](int p, size_t base) { return static_cast<const T*>(srcs[p]) + base; };
   for (size_t base = 0; base < count; base += kBlock) {
@@ -165,7 +167,8 @@ void SumTyped(const void* const* srcs, int n, void* dst, size_t count) {
 }
 
 template <bool kBFloat16>
-void SumHalf(const void* const* srcs, int n, void* dst, size_t count) {
+inline __attribute__((always_inline)) void SumHalf(const void* const* srcs, int n, void* dst,
+                                                   size_t count) {
   const float* table = kBFloat16 ? nullptr : HalfTable();
   uint16_t* out = static_cast<uint16_t*>(dst);
   for (size_t base = 0; base < count; base += kBlock) {
