@@ -3,8 +3,11 @@
 // Header-only: kernels/cpu and kernels/cuda are separate libraries.
 #pragma once
 
+#include <climits>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 
 #include "kernels/kernels.h"
 #include "runtime/status.h"
@@ -73,6 +76,57 @@ inline Status CheckAdamArgs(const char* call, const float* param, const float* g
   *bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
   PSD_REQUIRE_ARG(*bc1 > 0.0 && *bc2 > 0.0, call, ": bias correction vanished (beta1 = ",
                   p.beta1, ", beta2 = ", p.beta2, ", step = ", p.step, ")");
+  return Status::Ok();
+}
+
+// FusedResidualTopK's sizes, factor and buffers (the workspace's maker is the implementation's
+// own check).
+inline Status CheckTopKArgs(const char* call, const float* grad, const float* residual,
+                            const float* momentum_buf, float momentum, size_t n, size_t k,
+                            const uint32_t* out_idx, const float* out_val,
+                            const KernelWorkspace* ws) {
+  PSD_REQUIRE_ARG(k > 0, call, ": k is 0 (n = ", n, "); expected 0 < k <= n");
+  PSD_REQUIRE_ARG(k <= n, call, ": k is ", k, " but n is ", n, "; expected 0 < k <= n");
+  PSD_REQUIRE_ARG(n <= std::numeric_limits<uint32_t>::max(), call, ": n is ", n,
+                  "; expected at most 4294967295 (indices are uint32)");
+  PSD_REQUIRE_ARG(grad != nullptr, call, ": grad is null with n = ", n);
+  PSD_REQUIRE_ARG(residual != nullptr, call, ": residual is null with n = ", n);
+  PSD_REQUIRE_ARG(out_idx != nullptr, call, ": out_idx is null with k = ", k);
+  PSD_REQUIRE_ARG(out_val != nullptr, call, ": out_val is null with k = ", k);
+  PSD_REQUIRE_ARG(std::isfinite(momentum), call, ": momentum is ", momentum,
+                  "; expected a finite factor");
+  PSD_REQUIRE_ARG(momentum_buf != nullptr || momentum == 0.0f, call, ": momentum is ", momentum,
+                  " but momentum_buf is null; pass a buffer of n floats or momentum 0");
+  PSD_REQUIRE_ARG(static_cast<const void*>(grad) != residual &&
+                      static_cast<const void*>(grad) != momentum_buf && residual != momentum_buf,
+                  call, ": grad, residual and momentum_buf must be distinct buffers");
+  PSD_REQUIRE_ARG(ws != nullptr, call, ": workspace is null; expected one from NewWorkspace()");
+  return Status::Ok();
+}
+
+// ScatterAdd's buffers, for m > 0 entries (index range: the implementation's, it needs them).
+inline Status CheckScatterAddArgs(const uint32_t* idx, const float* val, size_t m,
+                                  const float* dense) {
+  PSD_REQUIRE_ARG(idx != nullptr, "ScatterAdd: idx is null with m = ", m);
+  PSD_REQUIRE_ARG(val != nullptr, "ScatterAdd: val is null with m = ", m);
+  PSD_REQUIRE_ARG(dense != nullptr, "ScatterAdd: dense is null with m = ", m, " entries to add");
+  return Status::Ok();
+}
+
+// SufficientFactorGemm's shape and factors; the buffers only when there is work (m, n > 0; u
+// and v when rows > 0 and alpha != 0).
+inline Status CheckGemmArgs(const char* call, const float* u, const float* v, size_t rows,
+                            size_t m, size_t n, float alpha, float beta, const float* g) {
+  PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, call, ": shape rows = ", rows,
+                  ", m = ", m, ", n = ", n,
+                  " exceeds the BLAS index range; expected each <= ", INT_MAX);
+  PSD_REQUIRE_ARG(std::isfinite(alpha) && std::isfinite(beta), call, ": alpha = ", alpha,
+                  ", beta = ", beta, "; expected finite factors");
+  if (m == 0 || n == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(g != nullptr, call, ": g is null with m = ", m, ", n = ", n);
+  if (rows == 0 || alpha == 0.0f) return Status::Ok();
+  PSD_REQUIRE_ARG(u != nullptr, call, ": u is null with rows = ", rows, ", m = ", m);
+  PSD_REQUIRE_ARG(v != nullptr, call, ": v is null with rows = ", rows, ", n = ", n);
   return Status::Ok();
 }
 

@@ -11,14 +11,14 @@
 #include <cstring>
 #include <memory>
 
+#include "kernels/contract_checks.h"
+
 namespace poseidon {
 namespace cpu {
 
 Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n) {
   if (m == 0) return Status::Ok();
-  PSD_REQUIRE_ARG(idx != nullptr, "ScatterAdd: idx is null with m = ", m);
-  PSD_REQUIRE_ARG(val != nullptr, "ScatterAdd: val is null with m = ", m);
-  PSD_REQUIRE_ARG(dense != nullptr, "ScatterAdd: dense is null with m = ", m, " entries to add");
+  PSD_CHECK(kernel_checks::CheckScatterAddArgs(idx, val, m, dense));
   // Check every index before touching dense, so a bad index leaves it unchanged.
   for (size_t j = 0; j < m; ++j) {
     PSD_REQUIRE_ARG(idx[j] < n, "ScatterAdd: idx[", j, "] is ", idx[j], " but n is ", n,
@@ -31,12 +31,9 @@ Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense,
 
 Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
                             float alpha, float beta, float* g) {
-  constexpr const char* kCall = "SufficientFactorGemm";
-  PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, kCall, ": shape rows = ", rows,
-                  ", m = ", m, ", n = ", n,
-                  " exceeds the BLAS index range; expected each <= ", INT_MAX);
+  PSD_CHECK(kernel_checks::CheckGemmArgs("SufficientFactorGemm", u, v, rows, m, n, alpha, beta,
+                                         g));
   if (m == 0 || n == 0) return Status::Ok();
-  PSD_REQUIRE_ARG(g != nullptr, kCall, ": g is null with m = ", m, ", n = ", n);
   if (rows == 0 || alpha == 0.0f) {
     // No factors: G = beta * G. BLAS implementations differ on K = 0, so do it here; beta = 0
     // overwrites (NaN in G does not survive), as BLAS specifies.
@@ -48,8 +45,6 @@ Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t 
     }
     return Status::Ok();
   }
-  PSD_REQUIRE_ARG(u != nullptr, kCall, ": u is null with rows = ", rows, ", m = ", m);
-  PSD_REQUIRE_ARG(v != nullptr, kCall, ": v is null with rows = ", rows, ", n = ", n);
   // Row-major G (m x n) = alpha * U^T (m x rows) * V (rows x n) + beta * G.
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(rows), alpha, u, static_cast<int>(m), v, static_cast<int>(n), beta,

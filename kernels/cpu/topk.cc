@@ -36,6 +36,7 @@
 #include <functional>
 #include <limits>
 
+#include "kernels/contract_checks.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "runtime/half.h"
 
@@ -379,22 +380,8 @@ Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf
                          size_t n, size_t k, uint32_t* out_idx, float* out_val,
                          KernelWorkspace* ws) {
   constexpr const char* kCall = "FusedResidualTopK";
-  PSD_REQUIRE_ARG(k > 0, kCall, ": k is 0 (n = ", n, "); expected 0 < k <= n");
-  PSD_REQUIRE_ARG(k <= n, kCall, ": k is ", k, " but n is ", n, "; expected 0 < k <= n");
-  PSD_REQUIRE_ARG(n <= std::numeric_limits<uint32_t>::max(), kCall, ": n is ", n,
-                  "; expected at most 4294967295 (indices are uint32)");
-  PSD_REQUIRE_ARG(grad != nullptr, kCall, ": grad is null with n = ", n);
-  PSD_REQUIRE_ARG(residual != nullptr, kCall, ": residual is null with n = ", n);
-  PSD_REQUIRE_ARG(out_idx != nullptr, kCall, ": out_idx is null with k = ", k);
-  PSD_REQUIRE_ARG(out_val != nullptr, kCall, ": out_val is null with k = ", k);
-  PSD_REQUIRE_ARG(std::isfinite(momentum), kCall, ": momentum is ", momentum,
-                  "; expected a finite factor");
-  PSD_REQUIRE_ARG(momentum_buf != nullptr || momentum == 0.0f, kCall, ": momentum is ",
-                  momentum, " but momentum_buf is null; pass a buffer of n floats or momentum 0");
-  PSD_REQUIRE_ARG(static_cast<const void*>(grad) != residual &&
-                      static_cast<const void*>(grad) != momentum_buf && residual != momentum_buf,
-                  kCall, ": grad, residual and momentum_buf must be distinct buffers");
-  PSD_REQUIRE_ARG(ws != nullptr, kCall, ": workspace is null; expected one from NewWorkspace()");
+  PSD_CHECK(kernel_checks::CheckTopKArgs(kCall, grad, residual, momentum_buf, momentum, n, k,
+                                         out_idx, out_val, ws));
   auto* w = dynamic_cast<TopKWorkspace*>(ws);
   PSD_REQUIRE_ARG(w != nullptr, kCall,
                   ": workspace was made by another Kernels implementation; expected one from "

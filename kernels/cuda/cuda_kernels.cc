@@ -80,22 +80,8 @@ class CudaKernelsImpl final : public Kernels {
                            size_t n, size_t k, uint32_t* out_idx, float* out_val,
                            KernelWorkspace* ws, void* stream) const override {
     constexpr const char* kCall = "FusedResidualTopK";
-    PSD_REQUIRE_ARG(k > 0, kCall, ": k is 0 (n = ", n, "); expected 0 < k <= n");
-    PSD_REQUIRE_ARG(k <= n, kCall, ": k is ", k, " but n is ", n, "; expected 0 < k <= n");
-    PSD_REQUIRE_ARG(n <= std::numeric_limits<uint32_t>::max(), kCall, ": n is ", n,
-                    "; expected at most 4294967295 (indices are uint32)");
-    PSD_REQUIRE_ARG(grad != nullptr, kCall, ": grad is null with n = ", n);
-    PSD_REQUIRE_ARG(residual != nullptr, kCall, ": residual is null with n = ", n);
-    PSD_REQUIRE_ARG(out_idx != nullptr, kCall, ": out_idx is null with k = ", k);
-    PSD_REQUIRE_ARG(out_val != nullptr, kCall, ": out_val is null with k = ", k);
-    PSD_REQUIRE_ARG(std::isfinite(momentum), kCall, ": momentum is ", momentum,
-                    "; expected a finite factor");
-    PSD_REQUIRE_ARG(momentum_buf != nullptr || momentum == 0.0f, kCall, ": momentum is ", momentum,
-                    " but momentum_buf is null; pass a buffer of n floats or momentum 0");
-    PSD_REQUIRE_ARG(static_cast<const void*>(grad) != residual &&
-                        static_cast<const void*>(grad) != momentum_buf && residual != momentum_buf,
-                    kCall, ": grad, residual and momentum_buf must be distinct buffers");
-    PSD_REQUIRE_ARG(ws != nullptr, kCall, ": workspace is null; expected one from NewWorkspace()");
+    PSD_CHECK(kernel_checks::CheckTopKArgs(kCall, grad, residual, momentum_buf, momentum, n, k,
+                                           out_idx, out_val, ws));
     PSD_REQUIRE_ARG(cuda::IsTopKWorkspace(ws), kCall,
                     ": workspace was made by another Kernels implementation; expected one from "
                     "CudaKernels().NewWorkspace()");
@@ -115,9 +101,7 @@ class CudaKernelsImpl final : public Kernels {
   Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
                     void* stream) const override {
     if (m == 0) return Status::Ok();
-    PSD_REQUIRE_ARG(idx != nullptr, "ScatterAdd: idx is null with m = ", m);
-    PSD_REQUIRE_ARG(val != nullptr, "ScatterAdd: val is null with m = ", m);
-    PSD_REQUIRE_ARG(dense != nullptr, "ScatterAdd: dense is null with m = ", m, " entries to add");
+    PSD_CHECK(kernel_checks::CheckScatterAddArgs(idx, val, m, dense));
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "idx", idx, m * sizeof(uint32_t)));
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "val", val, m * sizeof(float)));
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "dense", dense, n * sizeof(float)));
@@ -132,17 +116,10 @@ class CudaKernelsImpl final : public Kernels {
   Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
                               float alpha, float beta, float* g, void* stream) const override {
     constexpr const char* kCall = "SufficientFactorGemm";
-    PSD_REQUIRE_ARG(rows <= INT_MAX && m <= INT_MAX && n <= INT_MAX, kCall, ": rows = ", rows,
-                    ", m = ", m, ", n = ", n,
-                    "; expected each at most 2147483647 (cuBLAS dimensions are int)");
-    PSD_REQUIRE_ARG(std::isfinite(alpha) && std::isfinite(beta), kCall, ": alpha = ", alpha,
-                    ", beta = ", beta, "; expected finite factors");
+    PSD_CHECK(kernel_checks::CheckGemmArgs(kCall, u, v, rows, m, n, alpha, beta, g));
     if (m == 0 || n == 0) return Status::Ok();
-    PSD_REQUIRE_ARG(g != nullptr, kCall, ": g is null with m = ", m, ", n = ", n);
     PSD_CHECK(CheckDevicePointer(kCall, "g", g, m * n * sizeof(float)));
-    if (rows > 0) {
-      PSD_REQUIRE_ARG(u != nullptr, kCall, ": u is null with rows = ", rows, ", m = ", m);
-      PSD_REQUIRE_ARG(v != nullptr, kCall, ": v is null with rows = ", rows, ", n = ", n);
+    if (rows > 0 && alpha != 0.0f) {  // else cuBLAS reads neither factor
       PSD_CHECK(CheckDevicePointer(kCall, "u", u, rows * m * sizeof(float)));
       PSD_CHECK(CheckDevicePointer(kCall, "v", v, rows * n * sizeof(float)));
     }
