@@ -99,7 +99,7 @@ Status Engine::SetUp() {
   if (!options_.timeline.empty()) {
     PSD_ASSIGN_OR_RETURN(timeline_,
                          Timeline::Open(options_.timeline, comm_->rank(), comm_->size()));
-    for (int l = 0; l < num_layers_; ++l) timeline_->SetLayerName(l, layer_names_[l]);
+    for (int l = 0; l < num_layers_; ++l) timeline_->SetLayerName(l, *layer_names_[l]);
     // One more track after the layers: the negotiation rounds of the cycles that ran work.
     timeline_->SetLayerName(num_layers_, "negotiation");
   }
@@ -138,7 +138,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
       stall_warned_(static_cast<size_t>(num_layers_), false) {
   for (int l = 0; l < num_layers_; ++l) {
     const LayerSpec& spec = hc_->layer(l);
-    layer_names_.push_back(spec.name);
+    layer_names_.push_back(std::make_shared<const std::string>(spec.name));
     layer_count_.push_back(spec.NumElements());
     layer_dtype_.push_back(spec.dtype);
     layer_optimizer_.push_back(spec.optimizer.enabled());
@@ -176,8 +176,14 @@ double Engine::shutdown_deadline_s() const {
 
 const Interrupt* Engine::interrupt() const { return watch_; }
 
-std::string Engine::LayerName(int layer) const {
-  if (layer < 0 || layer >= num_layers_) return "?";
+const std::string& Engine::LayerName(int layer) const {
+  return *SharedLayerName(layer);
+}
+
+const std::shared_ptr<const std::string>& Engine::SharedLayerName(int layer) const {
+  static const auto* unknown = new std::shared_ptr<const std::string>(
+      std::make_shared<const std::string>("?"));
+  if (layer < 0 || layer >= num_layers_) return *unknown;
   return layer_names_[static_cast<size_t>(layer)];
 }
 
@@ -189,7 +195,7 @@ HandlePtr Engine::Submit(int layer, float* grad, size_t count, int64_t step, Don
 }
 
 HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallback done) {
-  auto h = std::make_shared<Handle>(layer, step, LayerName(layer));
+  auto h = std::make_shared<Handle>(layer, step, SharedLayerName(layer));
   h->link_ = link_;
   h->callback_ = std::move(done);
   // Device memory: capture the caller's stream now (the gradient is complete once the work

@@ -228,7 +228,8 @@ class Engine {
   const Interrupt* interrupt() const;
   // Completes the entry's handle; a failure is also reported to the other ranks next cycle.
   void Finish(Entry* e, const Status& s);
-  std::string LayerName(int layer) const;
+  const std::string& LayerName(int layer) const;  // "?" outside 0..num_layers_-1
+  const std::shared_ptr<const std::string>& SharedLayerName(int layer) const;
   void Record(const Entry& e, const char* name, double begin_us, double end_us);
   std::vector<engine::Descriptor> WaitingDescriptors() const;
 
@@ -237,7 +238,7 @@ class Engine {
   const EngineOptions options_;
   const int num_layers_;
   // Per layer, copied from the collective at construction (immutable, read by any thread).
-  std::vector<std::string> layer_names_;
+  std::vector<std::shared_ptr<const std::string>> layer_names_;  // shared with handles
   std::vector<size_t> layer_count_;
   std::vector<DType> layer_dtype_;
   std::vector<bool> layer_optimizer_;

@@ -10,7 +10,7 @@ namespace poseidon {
 
 thread_local bool EngineLink::busy = false;
 
-Handle::Handle(int layer, int64_t step, std::string layer_name)
+Handle::Handle(int layer, int64_t step, std::shared_ptr<const std::string> layer_name)
     : layer_(layer), step_(step), layer_name_(std::move(layer_name)) {}
 
 Status Handle::Wait(double timeout_s) const {
@@ -47,7 +47,7 @@ Status Handle::Wait(double timeout_s) const {
       --waiting_;
       link_->waiters.fetch_sub(1, std::memory_order_seq_cst);
     }
-    return TimeoutError("Handle::Wait: layer ", layer_, " (", layer_name_, ") step ", step_,
+    return TimeoutError("Handle::Wait: layer ", layer_, " (", *layer_name_, ") step ", step_,
                         " is not complete after ", timeout_s,
                         " s; the exchange goes on (wait again, or raise the timeout)");
   }
@@ -57,7 +57,7 @@ Status Handle::Wait(double timeout_s) const {
 Status Handle::status() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_.load(std::memory_order_acquire)) {
-    return UnavailableError("Handle::status: layer ", layer_, " (", layer_name_, ") step ", step_,
+    return UnavailableError("Handle::status: layer ", layer_, " (", *layer_name_, ") step ", step_,
                             " is still pending; expected Test() to be true first");
   }
   return status_;
@@ -75,7 +75,7 @@ Status Handle::WaitOnStream(void* stream, double timeout_s) const {
   Status s = done_event_->OrderStream(stream);
   if (!s.ok()) {
     return s.WithPrefix(
-        StrCat("Handle::WaitOnStream: layer ", layer_, " (", layer_name_, ") step ", step_, ": "));
+        StrCat("Handle::WaitOnStream: layer ", layer_, " (", *layer_name_, ") step ", step_, ": "));
   }
   return Status::Ok();
 }
@@ -101,10 +101,10 @@ void Handle::Complete(const Status& s) {
     try {
       cb(s);
     } catch (const std::exception& e) {
-      PSD_LOG(kError, "Engine: the completion callback of layer ", layer_, " (", layer_name_,
+      PSD_LOG(kError, "Engine: the completion callback of layer ", layer_, " (", *layer_name_,
               ") step ", step_, " threw: ", e.what(), " (ignored; callbacks must not throw)");
     } catch (...) {
-      PSD_LOG(kError, "Engine: the completion callback of layer ", layer_, " (", layer_name_,
+      PSD_LOG(kError, "Engine: the completion callback of layer ", layer_, " (", *layer_name_,
               ") step ", step_, " threw a non-standard exception (ignored)");
     }
   }

@@ -39,7 +39,8 @@ struct EngineLink {
 // while calling out).
 class Handle {
  public:
-  Handle(int layer, int64_t step, std::string layer_name);
+  // layer_name is shared with the engine (no copy per submission).
+  Handle(int layer, int64_t step, std::shared_ptr<const std::string> layer_name);
 
   int layer() const { return layer_; }
   int64_t step() const { return step_; }
@@ -71,7 +72,7 @@ class Handle {
 
   const int layer_;
   const int64_t step_;
-  const std::string layer_name_;
+  const std::shared_ptr<const std::string> layer_name_;
   DoneCallback callback_;  // set before the handle is shared; run once by Complete
   // Device memory: recorded on the engine's stream before Complete (set before sharing).
   std::unique_ptr<engine::Event> done_event_;
