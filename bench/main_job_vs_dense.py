@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""The main job through the engine against its own --dense-baseline, alternated back to back.
+
+  bench/main_job_vs_dense.py --build build -np 2 --pairs 5 [-- extra trainer flags]
+
+Runs poseidon_mlp (engine, defaults) and poseidon_mlp --dense-baseline (one fused allreduce of
+every gradient, the trainer's own SGD) one after the other, --pairs times, under
+scripts/mpirun.sh, and prints each run's samples/s (all ranks), the medians, and the ratio of
+medians (engine / baseline; >= 1.0 means the engine is not slower). Alternating the two sides
+keeps slow drifts of the machine out of the ratio. Every mpirun has a timeout.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+RATE = re.compile(r"= (\d+) samples/s")
+
+
+def run_once(mpirun, trainer, np, flags, timeout):
+    cmd = [mpirun, "-np", str(np), trainer, "--log-every", "0"] + flags
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                             start_new_session=True)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"main_job_vs_dense: {' '.join(cmd)} ran past {timeout} s")
+    text = out.stdout + out.stderr
+    m = RATE.search(text)
+    if out.returncode != 0 or m is None:
+        sys.exit(f"main_job_vs_dense: {' '.join(cmd)} exited {out.returncode}:\n{text[-2000:]}")
+    return int(m.group(1))
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default=os.path.join(root, "build"), help="build directory")
+    p.add_argument("-np", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("--pairs", type=int, default=5, help="engine / baseline pairs (default 5)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per run (default 300)")
+    p.add_argument("flags", nargs="*", help="extra poseidon_mlp flags for both sides (after --)")
+    a = p.parse_args()
+    if a.np < 1 or a.pairs < 1:
+        sys.exit(f"main_job_vs_dense: -np {a.np} --pairs {a.pairs}; expected both >= 1")
+    trainer = os.path.join(a.build, "examples", "poseidon_mlp")
+    if not os.access(trainer, os.X_OK):
+        sys.exit(f"main_job_vs_dense: {trainer} not found; build first (scripts/build.sh)")
+    mpirun = os.path.join(root, "scripts", "mpirun.sh")
+    engine, dense = [], []
+    print(f"poseidon_mlp {' '.join(a.flags) or '(defaults)'}, np {a.np}, {a.pairs} pairs")
+    print("pair  engine samples/s  dense-baseline samples/s  ratio")
+    for i in range(a.pairs):
+        e = run_once(mpirun, trainer, a.np, a.flags, a.timeout)
+        d = run_once(mpirun, trainer, a.np, a.flags + ["--dense-baseline"], a.timeout)
+        engine.append(e)
+        dense.append(d)
+        print(f"{i + 1:4d}  {e:16d}  {d:24d}  {e / d:5.3f}")
+    me, md = statistics.median(engine), statistics.median(dense)
+    print(f"median engine {me:.0f}, dense-baseline {md:.0f}: engine / baseline = {me / md:.3f}")
+
+
+if __name__ == "__main__":
+    main()
