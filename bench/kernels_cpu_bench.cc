@@ -8,6 +8,8 @@
 // Sizes: 25M floats at density 0.1% and 1M floats at density 1%. After the table it prints the
 // two ratios the top-k target names. Single thread: run under `taskset -c 0`.
 // Every top-k benchmark first checks its selection against the baseline's on the same input.
+// Google Benchmark prints the machine; bench/common's preamble adds the CPU model, kernel, MPI
+// library and build to its context.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/preamble.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 
@@ -426,6 +429,14 @@ int main(int argc, char** argv) {
   openblas_set_num_threads(1);  // single-thread figures, comparable with the other kernels
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  const auto preamble = poseidon::bench::Preamble::Gather(
+      "kernels_cpu_bench", "the CPU kernels, each beside its peer, one thread");
+  for (const auto& [key, value] : preamble.Facts()) {
+    // Google Benchmark reports the host, date and core count itself.
+    if (key == "cpu" || key == "os" || key == "mpi" || key == "build") {
+      benchmark::AddCustomContext(key, value);
+    }
+  }
   poseidon::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.PrintRatios();

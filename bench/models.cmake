@@ -1,9 +1,6 @@
 # Model-level benchmarks: poseidon_model_trainer (a model-shaped training loop with emulated
 # compute and real exchanges), driven by bench/study/ (shared memory) and bench/cluster/
-# (emulated hosts in network namespaces).
-add_library(poseidon_model_shape STATIC cluster/model_shape.cc)
-target_link_libraries(poseidon_model_shape PUBLIC poseidon_collectives poseidon_options)
-
+# (emulated hosts in network namespaces). The model shapes are bench/common's.
 add_executable(poseidon_model_trainer cluster/model_trainer.cc)
 target_link_libraries(poseidon_model_trainer PRIVATE poseidon_model_shape poseidon_engine)
 

@@ -1,5 +1,6 @@
-# OSU-style collective benchmarks: one program per operation over one harness library, each
-# printing Open MPI's own call for the same size beside ours. Other areas add programs with
+# OSU-style collective benchmarks: one program per operation over one harness library (split as
+# nccl-tests splits its common code: bench/osu/harness.h), each printing Open MPI's own call for
+# the same size beside ours. Other areas add programs with
 # psd_add_osu_bench(<name> <source>) (e.g. the top-k and hybrid exchanges).
 #   mpirun -np 4 --oversubscribe build/bench/osu/osu_allreduce -m 1K:64M -f
 #   mpirun -np 4 --oversubscribe build/bench/osu/osu_broadcast -m 1K:64M -f [-r ROOT]
@@ -11,8 +12,10 @@
 # median time against Open MPI's default and its best configuration (a Markdown table for
 # bench/RESULTS.md, or --json):
 #   bench/osu/best_peer.py --build build allreduce -np 4 -m 1K:64M -r 5
-add_library(poseidon_osu_harness STATIC osu/harness.cc)
-target_link_libraries(poseidon_osu_harness PUBLIC poseidon_runtime)
+add_library(poseidon_osu_harness STATIC
+  osu/args.cc osu/collective.cc osu/buffers.cc osu/verify.cc osu/sparse_inputs.cc osu/report.cc
+  osu/runner.cc)
+target_link_libraries(poseidon_osu_harness PUBLIC poseidon_bench_common poseidon_runtime)
 if(POSEIDON_CUDA_ENABLED)
   target_link_libraries(poseidon_osu_harness PUBLIC CUDA::cudart)
 endif()
@@ -35,4 +38,4 @@ psd_add_osu_bench(osu_broadcast osu/osu_broadcast.cc)
 psd_add_osu_bench(osu_topk osu/osu_topk.cc)
 target_link_libraries(osu_topk PRIVATE poseidon_collectives)
 psd_add_osu_bench(osu_hybrid osu/osu_hybrid.cc)
-target_link_libraries(osu_hybrid PRIVATE poseidon_collectives poseidon_model_shape)
+target_link_libraries(osu_hybrid PRIVATE poseidon_model_shape poseidon_collectives)

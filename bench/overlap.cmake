@@ -4,7 +4,7 @@
 #   mpirun -np 4 --oversubscribe build/bench/poseidon_overlap_bench --model=resnet152 \
 #       --scale=0.05 --compute-ms=60
 add_executable(poseidon_overlap_bench overlap/overlap_bench.cc)
-target_link_libraries(poseidon_overlap_bench PRIVATE poseidon_engine)
+target_link_libraries(poseidon_overlap_bench PRIVATE poseidon_model_shape poseidon_engine)
 
 # Smoke run (exit status only, never timing): two ranks, two iterations.
 if(POSEIDON_BUILD_TESTS)

@@ -33,7 +33,7 @@
 # 1 Gbit/s links needs compute-scale 10 (the default: Titan X GPUs on a 10 Gbit/s network).
 #
 #   bench/cluster/emulate.sh                       # P = 1 2 4 8, VGG19 shrunk 32x, 1 Gbit/s
-#   bench/cluster/emulate.sh --hosts "1 2 4" --rate 500mbit --model resnet152 --scale-params 0.25
+#   bench/cluster/emulate.sh --hosts "1 2 4" --rate 500mbit --model resnet152 --scale 0.25
 #   bench/cluster/emulate.sh --hosts "4" --cut-host 2 --cut-after 3   # the fault drill
 #   bench/cluster/emulate.sh --teardown-only
 set -euo pipefail
@@ -69,7 +69,7 @@ CUT_ITERS=100  # the cut run's default: training must outlast the cut and the bo
 
 usage() {
   cat <<EOF
-usage: $0 [--hosts "1 2 4 8"] [--rate 1gbit] [--model vgg19] [--scale-params 0.03125]
+usage: $0 [--hosts "1 2 4 8"] [--rate 1gbit] [--model vgg19] [--scale 0.03125]
           [--compute-scale 10] [--gpu titanx|k40] [--iters 5] [--warmup 1]
           [--modes dense,dense-overlap,hybrid-overlap] [--trainer PATH] [--timeout 240]
           [--results FILE | --no-results] [--teardown-only]
@@ -89,7 +89,7 @@ while [[ $# -gt 0 ]]; do
     --hosts) HOSTS="$2"; shift 2 ;;
     --rate) RATE="$2"; shift 2 ;;
     --model) MODEL="$2"; shift 2 ;;
-    --scale-params) SCALE="$2"; shift 2 ;;
+    --scale) SCALE="$2"; shift 2 ;;
     --compute-scale) COMPUTE_SCALE="$2"; shift 2 ;;
     --gpu) GPU="$2"; shift 2 ;;
     --iters) ITERS="$2"; ITERS_GIVEN=1; shift 2 ;;
@@ -329,7 +329,7 @@ for p in $HOSTS; do
   fwd=""
   for v in $(env | sed -n 's/^\(POSEIDON_[A-Z0-9_]*\)=.*/\1/p'); do fwd="$fwd -x $v"; done
   cmd="timeout -k 10 $TIMEOUT_S mpirun -np $p --host $hostlist $(echo $MPIRUN_FLAGS) $fwd
-    $TRAINER --model $MODEL --scale-params $SCALE
+    $TRAINER --model $MODEL --scale $SCALE
     --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS --warmup $WARMUP --modes $MODES
     --link-gbit $LINK_GBIT --network emulated-hosts-$RATE"
   echo "=== P=$p: $(echo $cmd)" | tee -a "$LOG"
@@ -346,7 +346,7 @@ done
 
 if [[ $WRITE_RESULTS -eq 1 ]]; then
   python3 "$HERE/report.py" --log "$LOG" --results "$RESULTS" --rate "$RATE" \
-    --command "bench/cluster/emulate.sh --hosts \"$HOSTS\" --rate $RATE --model $MODEL --scale-params $SCALE --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS"
+    --command "bench/cluster/emulate.sh --hosts \"$HOSTS\" --rate $RATE --model $MODEL --scale $SCALE --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS"
 else
   python3 "$HERE/report.py" --log "$LOG" --rate "$RATE" --command "(not written)"
 fi

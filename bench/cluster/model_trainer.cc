@@ -3,8 +3,9 @@
 //
 // Step by step (every rank runs the same program under mpirun):
 //  1. Parse the flags (identical on every rank) and take the layer table of --model
-//     (collectives/models.h, or a small default), shrunk by --scale-params when asked
-//     (bench/cluster/model_shape.h keeps the ratios that decide each layer's exchange).
+//     (tools/models/models.h, or a small default), shrunk to the fraction --scale of its
+//     parameters when asked (bench/common/model_shape.h keeps the ratios that decide each
+//     layer's exchange).
 //  2. Emulated compute: each layer's forward time is its FLOPs / the modelled GPU's effective
 //     FLOP rate x --compute-scale x the shrink factor, backward twice that. The wait is a sleep
 //     against a running deadline: on a GPU cluster the GPU computes, so the host CPU stays free
@@ -27,10 +28,8 @@
 //  6. --predict P,P,...: the planner's predicted exchange time and bytes for the full-size
 //     model at each P, with the cost model measured here and with a stated 10 Gbit/s network.
 //
-//   mpirun -np 4 poseidon_model_trainer --model vgg19 --scale-params 0.0625 --compute-scale 10
+//   mpirun -np 4 poseidon_model_trainer --model vgg19 --scale 0.0625 --compute-scale 10
 #include <mpi.h>
-#include <sys/utsname.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,21 +38,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "bench/cluster/model_shape.h"
+#include "bench/common/flags.h"
+#include "bench/common/model_shape.h"
+#include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
 #include "collectives/planner.h"
-#include "runtime/communicator.h"
 #include "engine/engine.h"
+#include "runtime/communicator.h"
 
 namespace poseidon::cluster {
 namespace {
 
+using bench::ShapedLayer;
+using bench::ShapedModel;
 using Clock = std::chrono::steady_clock;
 
 enum class Mode : int { kDense = 0, kDenseOverlap = 1, kHybridOverlap = 2, kHybrid = 3 };
@@ -83,11 +85,9 @@ struct Gpu {
 constexpr Gpu kGpus[] = {{"titanx", 3.05}, {"k40", 2.15}};
 
 struct Options {
-  std::string model = "small";
+  bench::ModelFlags model;  // --model (default small), --scale, --batch
   long long iters = 5;
   long long warmup = 1;
-  long long batch = 0;  // 0: the model's
-  double scale_params = 1.0;
   double compute_scale = 1.0;
   std::string gpu = "titanx";
   double gpu_tflops = 0;  // 0: from --gpu
@@ -96,107 +96,74 @@ struct Options {
   bool print_plan = false;
   double link_gbit = 0;  // rate of the links this run crosses, for the preamble (0: unknown)
   std::string network = "shared memory (one host)";
-  unsigned long long seed = 1;
+  long long seed = 1;
 };
 
-void Usage() {
-  std::fprintf(
-      stderr,
-      "usage: poseidon_model_trainer [--model small|vgg19|vgg19-22k|resnet152|inception-v3]\n"
-      "  [--iters 5] [--warmup 1] [--batch K] [--scale-params f] [--compute-scale s]\n"
-      "  [--gpu titanx|k40] [--gpu-tflops T] [--modes dense,dense-overlap,hybrid-overlap,hybrid]\n"
-      "  [--predict P,P,...] [--print-plan] [--link-gbit G] [--network TEXT] [--seed N]\n"
-      "Compute is emulated with sleeps (FLOPs / GPU rate x compute-scale x f); the gradient\n"
-      "exchange is real. --scale-params f in (0,1] shrinks every layer (and the compute) by f.\n");
-}
-
-Result<double> ParseNumber(const std::string& flag, const std::string& v, double lo, double hi) {
-  char* end = nullptr;
-  double x = std::strtod(v.c_str(), &end);
-  PSD_REQUIRE_ARG(end != v.c_str() && *end == '\0' && std::isfinite(x) && x >= lo && x <= hi,
-                  "poseidon_model_trainer: ", flag, " '", v, "' is not a number in [", lo, ", ", hi,
-                  "]");
-  return x;
-}
-
-Result<Options> ParseArgs(int argc, char** argv) {
+// Parses argv; *usage gets the usage text, and *help whether it was asked for.
+Result<Options> ParseArgs(int argc, char** argv, std::string* usage, bool* help) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> Result<std::string> {
-      PSD_REQUIRE_ARG(i + 1 < argc, "poseidon_model_trainer: ", k, " needs a value");
-      return std::string(argv[++i]);
-    };
-    if (k == "--model") {
-      PSD_ASSIGN_OR_RETURN(o.model, next());
-    } else if (k == "--iters" || k == "--warmup" || k == "--batch" || k == "--seed") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      const double lo = k == "--iters" ? 1 : 0;
-      PSD_ASSIGN_OR_RETURN(double x, ParseNumber(k, v, lo, 1e9));
-      PSD_REQUIRE_ARG(x == std::floor(x), "poseidon_model_trainer: ", k, " '", v,
-                      "' is not an integer");
-      if (k == "--iters") o.iters = static_cast<long long>(x);
-      if (k == "--warmup") o.warmup = static_cast<long long>(x);
-      if (k == "--batch") o.batch = static_cast<long long>(x);
-      if (k == "--seed") o.seed = static_cast<unsigned long long>(x);
-    } else if (k == "--scale-params") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      PSD_ASSIGN_OR_RETURN(o.scale_params, ParseNumber(k, v, 1e-6, 1));
-    } else if (k == "--compute-scale") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      PSD_ASSIGN_OR_RETURN(o.compute_scale, ParseNumber(k, v, 0, 1e6));
-    } else if (k == "--gpu") {
-      PSD_ASSIGN_OR_RETURN(o.gpu, next());
-      bool known = false;
-      for (const Gpu& g : kGpus) known = known || o.gpu == g.name;
-      PSD_REQUIRE_ARG(known, "poseidon_model_trainer: --gpu '", o.gpu,
-                      "' is unknown; expected titanx or k40 (or give --gpu-tflops)");
-    } else if (k == "--gpu-tflops") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      PSD_ASSIGN_OR_RETURN(o.gpu_tflops, ParseNumber(k, v, 1e-3, 1e4));
-    } else if (k == "--link-gbit") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      PSD_ASSIGN_OR_RETURN(o.link_gbit, ParseNumber(k, v, 1e-3, 1e4));
-    } else if (k == "--network") {
-      PSD_ASSIGN_OR_RETURN(o.network, next());
-    } else if (k == "--print-plan") {
-      o.print_plan = true;
-    } else if (k == "--modes" || k == "--predict") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      std::vector<std::string> items;
-      for (size_t pos = 0; pos <= v.size();) {
-        size_t c = std::min(v.find(',', pos), v.size());
-        items.push_back(v.substr(pos, c - pos));
-        pos = c + 1;
-      }
-      if (k == "--modes") {
+  bench::Flags flags("poseidon_model_trainer");
+  bench::AddModelFlags(flags, &o.model);
+  flags.Int("--iters", &o.iters, 1, 1000000000, "N", "timed iterations per mode (default 5)");
+  flags.Int("--warmup", &o.warmup, 0, 1000000000, "N", "warm-up iterations per mode (default 1)");
+  flags.Number("--compute-scale", &o.compute_scale, bench::Range{0, 1e6}, "C",
+               "emulated compute = FLOPs / GPU rate x C x S (default 1; 0: no compute)");
+  flags.Custom("--gpu", "titanx|k40", "the modelled GPU (default titanx)",
+               [&o](const std::string& flag, const std::string& v) -> Status {
+                 for (const Gpu& g : kGpus) {
+                   if (v == g.name) {
+                     o.gpu = v;
+                     return Status::Ok();
+                   }
+                 }
+                 return InvalidArgument("option ", flag, ": '", v,
+                                        "' is unknown; expected titanx or k40 (or give "
+                                        "--gpu-tflops)");
+               });
+  flags.Number("--gpu-tflops", &o.gpu_tflops, bench::Range{1e-3, 1e4}, "T",
+               "effective TFLOP/s of the modelled GPU (overrides --gpu)");
+  flags.Custom(
+      "--modes", "M,M,...",
+      "dense, dense-overlap, hybrid-overlap, hybrid (default the first three)",
+      [&o](const std::string& flag, const std::string& v) -> Status {
+        PSD_ASSIGN_OR_RETURN(std::vector<std::string> items, bench::SplitList(flag, v));
         o.modes.clear();
-        for (const std::string& s : items) {
+        for (const std::string& item : items) {
           bool found = false;
           for (Mode m : {Mode::kDense, Mode::kDenseOverlap, Mode::kHybridOverlap, Mode::kHybrid}) {
-            if (s == ModeName(m)) {
-              PSD_REQUIRE_ARG(std::find(o.modes.begin(), o.modes.end(), m) == o.modes.end(),
-                              "poseidon_model_trainer: --modes '", v, "' names ", s, " twice");
-              o.modes.push_back(m);
-              found = true;
-            }
+            if (item != ModeName(m)) continue;
+            PSD_REQUIRE_ARG(std::find(o.modes.begin(), o.modes.end(), m) == o.modes.end(),
+                            "option ", flag, ": '", v, "' names ", item, " twice");
+            o.modes.push_back(m);
+            found = true;
           }
-          PSD_REQUIRE_ARG(found, "poseidon_model_trainer: --modes '", v, "' holds '", s,
+          PSD_REQUIRE_ARG(found, "option ", flag, ": '", v, "' holds '", item,
                           "'; expected dense, dense-overlap, hybrid-overlap or hybrid");
         }
-      } else {
-        o.predict.clear();
-        for (const std::string& s : items) {
-          PSD_ASSIGN_OR_RETURN(double p, ParseNumber("--predict", s, 1, 1 << 20));
-          o.predict.push_back(static_cast<int>(p));
-        }
-      }
-    } else if (k == "--help" || k == "-h") {
-      return InvalidArgument("");
-    } else {
-      return InvalidArgument("poseidon_model_trainer: unknown argument '", k, "'");
-    }
-  }
+        return Status::Ok();
+      });
+  flags.Custom("--predict", "P,P,...",
+               "also print the planner's prediction for the full-size model at these P",
+               [&o](const std::string& flag, const std::string& v) -> Status {
+                 PSD_ASSIGN_OR_RETURN(std::vector<std::string> items, bench::SplitList(flag, v));
+                 o.predict.clear();
+                 for (const std::string& item : items) {
+                   PSD_ASSIGN_OR_RETURN(long long p, bench::ParseInteger(flag, item, 1, 1 << 20));
+                   o.predict.push_back(static_cast<int>(p));
+                 }
+                 return Status::Ok();
+               });
+  flags.Bool("--print-plan", &o.print_plan, "print each mode's plan and the full-size plan");
+  flags.Number("--link-gbit", &o.link_gbit, bench::Range{1e-3, 1e4}, "G",
+               "rate of the links this run crosses, for the preamble");
+  flags.Text("--network", &o.network, "TEXT", "what the ranks talk over, for the preamble");
+  flags.Int("--seed", &o.seed, 0, 1000000000, "N", "seed of the gradients (default 1)");
+  Status st = flags.Parse(argc, argv);
+  *usage = StrCat(flags.Usage(),
+                  "Compute is emulated with sleeps (FLOPs / GPU rate x compute-scale x S);\n"
+                  "the gradient exchange is real.\n");
+  *help = flags.help();
+  if (!st.ok()) return InvalidArgument("poseidon_model_trainer: ", st.message());
   if (o.gpu_tflops == 0) {
     for (const Gpu& g : kGpus) {
       if (o.gpu == g.name) o.gpu_tflops = g.tflops;
@@ -485,7 +452,7 @@ Result<ModeResult> Trainer::RunMode(Mode mode) {
 // The full-size layers, resolved, with a variant per strategy so each strategy can be priced
 // alone: ps needs an optimizer (SGD on the shard owners), topk needs sparse-eligible layers.
 Result<std::vector<LayerSpec>> FullLayers(const std::string& model, StrategyKind variant) {
-  PSD_ASSIGN_OR_RETURN(ModelTable table, TrainerModelTable(model));
+  PSD_ASSIGN_OR_RETURN(ModelTable table, bench::TrainerModelTable(model));
   std::vector<LayerSpec> out;
   for (LayerSpec l : table.layers) {
     if (variant == StrategyKind::kPs) l.optimizer = OptimizerSpec::Sgd(SgdParams{});
@@ -556,17 +523,14 @@ Status Trainer::Predict() const {
 
 void Trainer::PrintPreamble() const {
   if (comm_->rank() != 0) return;
-  struct utsname u;
-  uname(&u);
-  char date[64];
-  std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
   const double dense_bytes = 4.0 * static_cast<double>(m_.Elements());
-  std::printf("# poseidon_model_trainer  %s  host %s (%s %s), %u cores\n", date, u.nodename,
-              u.sysname, u.release, std::thread::hardware_concurrency());
+  auto pre = bench::Preamble::Gather(
+      "poseidon_model_trainer",
+      "a model-shaped training loop, compute emulated, gradient exchange real");
+  pre.SetRun(*comm_, comm_->host_backend(), MemoryKind::kHost);
+  std::fputs(pre.Text().c_str(), stdout);
   std::printf(
-      "# ranks %d on %d node(s); network: %s%s\n", comm_->size(), comm_->num_nodes(),
-      o_.network.c_str(),
+      "# network: %s%s\n", o_.network.c_str(),
       o_.link_gbit > 0 ? StrCat(", links rate-limited to ", o_.link_gbit, " Gbit/s").c_str() : "");
   std::printf("# model %s: %zu layers, %zu parameters at full size; K=%zu images per rank\n",
               m_.name.c_str(), m_.layers.size(), m_.FullElements(), m_.batch);
@@ -605,21 +569,22 @@ int Main(int argc, char** argv) {
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  auto opts = ParseArgs(argc, argv);
-  if (!opts.ok()) {
+  std::string usage;
+  bool help = false;
+  auto opts = ParseArgs(argc, argv, &usage, &help);
+  if (!opts.ok() || help) {
     if (rank == 0) {
-      if (!opts.status().message().empty()) {
-        std::fprintf(stderr, "%s\n", opts.status().message().c_str());
-      }
-      Usage();
+      if (!opts.ok()) std::fprintf(stderr, "%s\n", opts.status().message().c_str());
+      std::fputs(usage.c_str(), opts.ok() ? stdout : stderr);
     }
     MPI_Finalize();
-    return opts.status().message().empty() ? 0 : 2;
+    return opts.ok() ? 0 : 2;
   }
-  auto shaped = MakeShapedModel(opts->model, static_cast<size_t>(opts->batch), opts->scale_params);
+  auto shaped = bench::MakeShapedModel(opts->model);
   if (!shaped.ok()) {
     if (rank == 0)
-      std::fprintf(stderr, "poseidon_model_trainer: %s\n", shaped.status().message().c_str());
+      std::fprintf(stderr, "poseidon_model_trainer: %s\n",
+                   bench::OptionError(shaped.status()).message().c_str());
     MPI_Finalize();
     return 2;
   }

@@ -100,8 +100,9 @@ def main():
         return
     pmax = max(nps)
     pre = preamble.get(pmax, [])
-    keep = [l for l in pre if l.startswith(("poseidon_model_trainer", "ranks", "model",
-                                            "SCALED", "COMPUTE", "compute :", "cost model"))]
+    keep = [l for l in pre if l.startswith(("poseidon_model_trainer", "host", "ranks", "network",
+                                            "build", "model", "SCALED", "COMPUTE", "compute :",
+                                            "cost model"))]
     date = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
     body = [
         f"Run {date} on {platform.node()} ({platform.platform()}, {os.cpu_count()} cores): "

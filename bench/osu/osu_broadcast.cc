@@ -7,9 +7,6 @@
 // Options: -r ROOT (default 0, must be below the number of ranks), then the harness's.
 #include <mpi.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -21,8 +18,6 @@ namespace {
 
 class BroadcastBench : public BufferCollective {
  public:
-  explicit BroadcastBench(int root) : root_(root) {}
-
   std::string program() const override { return "osu_broadcast"; }
   std::string ours_name() const override {
     return StrCat("Backend::Broadcast (root ", root_, ")");
@@ -30,6 +25,10 @@ class BroadcastBench : public BufferCollective {
   std::string peer_name() const override { return "MPI_Bcast"; }
   std::string factor_text() const override { return "1"; }
   double BusFactor(int world) const override { return 1.0; }
+  void AddFlags(bench::Flags& flags) override {
+    flags.Int("-r,--root", &root_, 0, 1000000, "ROOT",
+              "the broadcasting rank, below the number of ranks (default 0)");
+  }
 
   Status Prepare(const Context& ctx, size_t count) override {
     PSD_REQUIRE_ARG(root_ < ctx.world, "option -r ", root_, ": only ", ctx.world,
@@ -67,7 +66,7 @@ class BroadcastBench : public BufferCollective {
   }
 
  private:
-  int root_;
+  int root_ = 0;
   size_t count_ = 0;
   std::vector<unsigned char> input_;  // the root's input, rewritten before each timed run
 };
@@ -76,37 +75,6 @@ class BroadcastBench : public BufferCollective {
 }  // namespace poseidon::osu
 
 int main(int argc, char** argv) {
-  // -r is ours; everything else goes to the harness.
-  int root = 0;
-  std::vector<char*> rest = {argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-r" || a == "--root") {
-      const char* text = i + 1 < argc ? argv[++i] : "";
-      char* end = nullptr;
-      errno = 0;
-      long v = std::strtol(text, &end, 10);
-      if (*text == '\0' || end == nullptr || *end != '\0' || errno != 0 || v < 0 ||
-          v > 1000000) {
-        if (poseidon::osu::IsFirstRank()) {
-          std::fprintf(stderr,
-                       "osu_broadcast: option -r: '%s' is not a rank; expected an integer in "
-                       "0..P-1 (default 0)\n",
-                       text);
-        }
-        return 2;
-      }
-      root = static_cast<int>(v);
-    } else {
-      if ((a == "-h" || a == "--help") && poseidon::osu::IsFirstRank()) {
-        std::printf("osu_broadcast options: -r ROOT (the broadcasting rank, default 0); the "
-                    "harness's below\n");
-      }
-      rest.push_back(argv[i]);
-    }
-  }
-  rest.push_back(nullptr);
-  int rest_argc = static_cast<int>(rest.size()) - 1;
-  poseidon::osu::BroadcastBench bench(root);
-  return poseidon::osu::RunMain(rest_argc, rest.data(), bench);
+  poseidon::osu::BroadcastBench bench;
+  return poseidon::osu::RunMain(argc, argv, bench);
 }

@@ -3,10 +3,11 @@
 // gradient in the same run.
 //
 // Steps:
-//  1. The layer table (--model, collectives/models.h, or the trainers' small model) shrunk by
-//     --scale (bench/cluster/model_shape.h: dense layers keep f n elements, M x N fully
-//     connected layers sqrt(f) per side and their factor batch sqrt(f) K). The row's size is
-//     the model's dense gradient (sum of layers x 4 bytes); -m is set to it.
+//  1. The layer table (--model, tools/models/models.h, or the trainers' small model) shrunk to
+//     the fraction --scale of its parameters (bench/common/model_shape.h: dense layers keep
+//     f n elements, M x N fully connected layers sqrt(f) per side and their factor batch
+//     sqrt(f) K). The row's size is the model's dense gradient (sum of layers x 4 bytes); -m
+//     is set to it.
 //  2. Prepare registers every layer (with --sparse the non-FC layers are kSparse, so topk
 //     competes at --density), builds the plan with the measured cost model (the probe, or
 //     POSEIDON_COST_CACHE) and the planner's settings (POSEIDON_STRATEGY etc.).
@@ -33,7 +34,7 @@
 //
 // Options: the harness's (-i -x -f -d --json --no-peer; not -m; -T float32 only) and
 //   --model NAME   small (default), vgg19, vgg19-22k, resnet152, inception-v3
-//   --scale F      shrink factor in (0, 1] (default 1)
+//   --scale F      fraction of the parameters kept, in (0, 1] (default 1)
 //   --batch K      images per rank (default: the model's; FC factor rows shrink with sqrt(F))
 //   --sparse       non-FC layers are kSparse (topk becomes a candidate)
 //   --density D    top-k density of sparse layers, in (0, 1] (default 0.001)
@@ -49,7 +50,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/cluster/model_shape.h"
+#include "bench/common/model_shape.h"
 #include "bench/osu/harness.h"
 #include "collectives/hybrid.h"
 #include "collectives/strategy.h"
@@ -61,14 +62,6 @@ namespace {
 constexpr size_t kFullCheckElements = 65536;  // FC layers up to this are checked whole
 constexpr size_t kFcSamples = 4096;
 
-struct HybridOptions {
-  std::string model = "small";
-  double scale = 1.0;
-  size_t batch = 0;
-  bool sparse = false;
-  double density = 0.001;
-};
-
 // Factor entries: small integers, different per rank, row and column, so a transposed or
 // mis-strided GEMM gives different numbers. |u v| <= 6.
 float FactorU(int r, size_t k, size_t m) { return static_cast<float>((r + k + m) % 3 + 1); }
@@ -78,13 +71,25 @@ float FactorV(int r, size_t k, size_t n) {
 
 class HybridBench : public Collective {
  public:
-  HybridBench(HybridOptions o, cluster::ShapedModel model)
-      : o_(std::move(o)), model_(std::move(model)) {}
-
   std::string program() const override { return "osu_hybrid"; }
+  void AddFlags(bench::Flags& flags) override {
+    bench::AddModelFlags(flags, &model_flags_);
+    flags.Bool("--sparse", &sparse_, "non-FC layers are kSparse (topk becomes a candidate)");
+    flags.Number("--density", &density_, bench::Range{0, 1, true, false}, "D",
+                 "top-k density of sparse layers, in (0, 1] (default 0.001)");
+  }
+  // The size is the model's: -m does not apply.
+  Status Configure(const bench::Flags& flags, Options* opt) override {
+    PSD_REQUIRE_ARG(!flags.Given("-m") && !flags.Given("--message-size"),
+                    "option -m does not apply: the size is the model's (--model, --scale)");
+    PSD_ASSIGN_OR_RETURN(model_, bench::MakeShapedModel(model_flags_));
+    PSD_REQUIRE_ARG(model_.Elements() > 0, "the model has no elements at this --scale");
+    opt->min_bytes = opt->max_bytes = model_.Elements() * sizeof(float);
+    return Status::Ok();
+  }
   std::string ours_name() const override {
     return StrCat("HybridCollective planned exchange of ", model_.name, " x", model_.scale, " (",
-                  model_.layers.size(), " layers", o_.sparse ? ", sparse" : "", ")");
+                  model_.layers.size(), " layers", sparse_ ? ", sparse" : "", ")");
   }
   std::string peer_name() const override { return "MPI_Allreduce"; }
   std::string factor_text() const override { return "2(P-1)/P (dense-equivalent)"; }
@@ -104,11 +109,11 @@ class HybridBench : public Collective {
     PSD_ASSIGN_OR_RETURN(hc_, HybridCollective::Create(comm, ctx.memory));
     layers_.clear();
     size_t offset = 0, u_off = 0, v_off = 0;
-    for (const cluster::ShapedLayer& shaped : model_.layers) {
+    for (const bench::ShapedLayer& shaped : model_.layers) {
       LayerSpec spec = shaped.spec;
-      if (o_.sparse && spec.kind == LayerKind::kDense) {
+      if (sparse_ && spec.kind == LayerKind::kDense) {
         spec.kind = LayerKind::kSparse;
-        spec.topk.density = o_.density;
+        spec.topk.density = density_;
         spec.topk.warmup_steps = 0;  // steady state: every exchange the compressed one
         spec.topk.momentum = 0.0;
       }
@@ -316,8 +321,10 @@ class HybridBench : public Collective {
     return s;
   }
 
-  HybridOptions o_;
-  cluster::ShapedModel model_;
+  bench::ModelFlags model_flags_;  // --model (default small), --scale, --batch
+  bool sparse_ = false;
+  double density_ = 0.001;
+  bench::ShapedModel model_;
   Context ctx_;
   size_t total_ = 0;
   std::unique_ptr<HybridCollective> hc_;
@@ -330,75 +337,10 @@ class HybridBench : public Collective {
   double bytes_sent_ = 0, dense_bytes_ = 0;
 };
 
-int OptionError(const std::string& text) {
-  if (IsFirstRank()) std::fprintf(stderr, "osu_hybrid: %s\n", text.c_str());
-  return 2;
-}
-
-Result<double> ParseNumber(const std::string& option, const std::string& text) {
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end == nullptr || *end != '\0' || !std::isfinite(v)) {
-    return InvalidArgument("option ", option, ": '", text, "' is not a number");
-  }
-  return v;
-}
-
 }  // namespace
 }  // namespace poseidon::osu
 
 int main(int argc, char** argv) {
-  using namespace poseidon;
-  using namespace poseidon::osu;
-  // Our options are taken out; the rest goes to the harness, with -m set to the model's size.
-  HybridOptions o;
-  std::vector<char*> rest = {argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--model") {
-      o.model = value();
-    } else if (a == "--scale" || a == "--density") {
-      std::string text = value();
-      auto v = ParseNumber(a, text);
-      if (!v.ok()) return OptionError(v.status().message());
-      if (!(*v > 0 && *v <= 1)) {
-        return OptionError(StrCat("option ", a, ": ", text, "; expected a number in (0, 1]"));
-      }
-      (a == "--scale" ? o.scale : o.density) = *v;
-    } else if (a == "--batch") {
-      std::string text = value();
-      auto v = ParseNumber(a, text);
-      if (!v.ok() || *v < 1 || *v > 65536 || std::floor(*v) != *v) {
-        return OptionError(StrCat("option --batch: '", text, "'; expected an integer 1..65536"));
-      }
-      o.batch = static_cast<size_t>(*v);
-    } else if (a == "--sparse") {
-      o.sparse = true;
-    } else if (a == "-m" || a == "--message-size") {
-      return OptionError("option -m does not apply: the size is the model's (--model, --scale)");
-    } else {
-      if ((a == "-h" || a == "--help") && IsFirstRank()) {
-        std::printf(
-            "osu_hybrid options: --model small|vgg19|vgg19-22k|resnet152|inception-v3 "
-            "(default small), --scale F in (0, 1], --batch K, --sparse, --density D; "
-            "the harness's below except -m (-T float32 only)\n");
-      }
-      rest.push_back(argv[i]);
-    }
-  }
-  auto model = cluster::MakeShapedModel(o.model, o.batch, o.scale);
-  if (!model.ok()) {
-    return OptionError(model.status().message());
-  }
-  if (model->Elements() == 0) return OptionError("the model has no elements at this --scale");
-  std::string size = std::to_string(model->Elements() * sizeof(float));
-  std::string range = size + ":" + size;
-  std::string m_flag = "-m";
-  rest.push_back(m_flag.data());
-  rest.push_back(range.data());
-  rest.push_back(nullptr);
-  int rest_argc = static_cast<int>(rest.size()) - 1;
-  HybridBench bench(o, *model);
-  return RunMain(rest_argc, rest.data(), bench);
+  poseidon::osu::HybridBench bench;
+  return poseidon::osu::RunMain(argc, argv, bench);
 }

@@ -48,8 +48,12 @@ namespace {
 
 class TopkBench : public Collective {
  public:
-  TopkBench(double density, bool zero_rest) : density_(density), zero_rest_(zero_rest) {}
-
+  void AddFlags(bench::Flags& flags) override {
+    flags.Number("-D,--density", &density_, bench::Range{0, 1, true, false}, "DENSITY",
+                 "fraction of entries sent per exchange, in (0, 1] (default 0.001)");
+    flags.Bool("--zero-rest", &zero_rest_,
+               "unselected entries are exact zeros instead of small noise");
+  }
   std::string program() const override { return "osu_topk"; }
   std::string ours_name() const override {
     return StrCat("HybridCollective topk exchange (density ", density_,
@@ -163,8 +167,8 @@ class TopkBench : public Collective {
   }
 
  private:
-  double density_;
-  bool zero_rest_;
+  double density_ = 0.001;
+  bool zero_rest_ = false;
   Context ctx_;
   size_t n_ = 0, k_ = 0;
   std::unique_ptr<HybridCollective> hc_;
@@ -179,42 +183,6 @@ class TopkBench : public Collective {
 }  // namespace poseidon::osu
 
 int main(int argc, char** argv) {
-  // -D is ours; everything else goes to the harness.
-  double density = 0.001;
-  bool zero_rest = false;
-  std::vector<char*> rest = {argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--zero-rest") {
-      zero_rest = true;
-    } else if (a == "-D" || a == "--density") {
-      const char* text = i + 1 < argc ? argv[++i] : "";
-      char* end = nullptr;
-      density = std::strtod(text, &end);
-      if (*text == '\0' || end == nullptr || *end != '\0' || !std::isfinite(density) ||
-          density <= 0 || density > 1) {
-        if (poseidon::osu::IsFirstRank()) {
-          std::fprintf(stderr,
-                       "osu_topk: option -D: '%s' is not a density; expected a number in "
-                       "(0, 1], e.g. 0.001\n",
-                       text);
-        }
-        return 2;
-      }
-    } else {
-      if (a == "-h" || a == "--help") {
-        if (poseidon::osu::IsFirstRank()) {
-          std::printf(
-              "osu_topk options: -D DENSITY (fraction sent, (0, 1], default 0.001), "
-              "--zero-rest (unselected entries exact zeros, not small noise); "
-              "the harness's below (-T float32 only)\n");
-        }
-      }
-      rest.push_back(argv[i]);
-    }
-  }
-  rest.push_back(nullptr);
-  int rest_argc = static_cast<int>(rest.size()) - 1;
-  poseidon::osu::TopkBench bench(density, zero_rest);
-  return poseidon::osu::RunMain(rest_argc, rest.data(), bench);
+  poseidon::osu::TopkBench bench;
+  return poseidon::osu::RunMain(argc, argv, bench);
 }

@@ -2,8 +2,9 @@
 //
 // Steps:
 //   1. A layer table: a small built-in CNN-like table (elements, forward ms, backward ms per
-//      layer), or --model=<name> from collectives/models.h with sizes scaled by --scale and a
-//      total backward compute of --compute-ms split in proportion to layer size.
+//      layer), or --model=<name> (bench/common/model_shape.h) shrunk to the fraction --scale of
+//      its parameters, with a total backward compute of --compute-ms split in proportion to
+//      layer size.
 //   2. Compute is emulated per layer: sleeping by default (on a GPU the device computes, the
 //      host thread waits, so a sleeping CPU is the honest stand-in), or --busy for a
 //      calibrated busy-wait.
@@ -16,26 +17,22 @@
 //   4. Prints overlapped / max(compute, exchange) (1.0 = perfect overlap; target <= 1.1) and
 //      sequential / overlapped (the speedup over no overlap).
 #include <mpi.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench/common/flags.h"
+#include "bench/common/model_shape.h"
+#include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
-#include "runtime/build_config.h"
 #include "engine/engine.h"
 #include "runtime/settings.h"
-#if __has_include("collectives/models.h")
-#include "collectives/models.h"
-#define PSD_HAVE_MODELS 1
-#endif
 
 namespace poseidon {
 namespace {
@@ -62,58 +59,37 @@ std::vector<BenchLayer> DefaultTable() {
 struct Args {
   int iters = 10;
   int warmup = 2;
-  std::string model;
-  double scale = 0.02;
+  bench::ModelFlags model{"", 0.02, 0};  // no --model: the built-in table
   double compute_ms = 40;
   bool busy = false;
 };
 
-bool Flag(const char* arg, const char* name, std::string* value) {
-  const size_t n = std::strlen(name);
-  if (std::strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
-  *value = arg + n + 1;
-  return true;
-}
-
-Result<Args> ParseArgs(int argc, char** argv) {
+Result<Args> ParseArgs(int argc, char** argv, bool* help) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string v;
-    if (Flag(argv[i], "--iters", &v)) {
-      a.iters = std::atoi(v.c_str());
-    } else if (Flag(argv[i], "--warmup", &v)) {
-      a.warmup = std::atoi(v.c_str());
-    } else if (Flag(argv[i], "--model", &v)) {
-      a.model = v;
-    } else if (Flag(argv[i], "--scale", &v)) {
-      a.scale = std::atof(v.c_str());
-    } else if (Flag(argv[i], "--compute-ms", &v)) {
-      a.compute_ms = std::atof(v.c_str());
-    } else if (std::strcmp(argv[i], "--busy") == 0) {
-      a.busy = true;
-    } else {
-      return InvalidArgument("poseidon_overlap_bench: unknown argument '", argv[i],
-                             "'; expected --iters=N --warmup=N --model=NAME --scale=X "
-                             "--compute-ms=X --busy");
-    }
+  bench::Flags flags("poseidon_overlap_bench");
+  flags.Int("--iters", &a.iters, 1, 1000000, "N", "timed iterations per mode (default 10)");
+  flags.Int("--warmup", &a.warmup, 0, 1000000, "N", "warm-up iterations per mode (default 2)");
+  bench::AddModelFlags(flags, &a.model, /*with_batch=*/false);
+  flags.Number("--compute-ms", &a.compute_ms, bench::Range{0, 1e6}, "MS",
+               "backward ms per iteration of a --model, split by layer size (default 40)");
+  flags.Bool("--busy", &a.busy, "busy-wait instead of sleeping for the emulated compute");
+  Status st = flags.Parse(argc, argv);
+  if (!st.ok()) {
+    return InvalidArgument("poseidon_overlap_bench: ", st.message(), "\n", flags.Usage());
   }
-  PSD_REQUIRE_ARG(a.iters >= 1, "--iters=", a.iters, "; expected >= 1");
-  PSD_REQUIRE_ARG(a.warmup >= 0, "--warmup=", a.warmup, "; expected >= 0");
-  PSD_REQUIRE_ARG(a.scale > 0 && a.scale <= 1, "--scale=", a.scale, "; expected (0, 1]");
-  PSD_REQUIRE_ARG(a.compute_ms >= 0, "--compute-ms=", a.compute_ms, "; expected >= 0");
+  *help = flags.help();
+  if (*help) return InvalidArgument(flags.Usage());
   return a;
 }
 
 Result<std::vector<BenchLayer>> LoadTable(const Args& a) {
-  if (a.model.empty()) return DefaultTable();
-#ifdef PSD_HAVE_MODELS
-  PSD_ASSIGN_OR_RETURN(ModelTable m, ModelByName(a.model));
+  if (a.model.model.empty()) return DefaultTable();
+  PSD_ASSIGN_OR_RETURN(bench::ShapedModel m, bench::MakeShapedModel(a.model));
   std::vector<BenchLayer> out;
   double total = 0;
-  for (const auto& l : m.layers) {
-    size_t n = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(l.NumElements()) *
-                                                       a.scale));
-    out.push_back(BenchLayer{l.name, n, 0, 0});
+  for (const bench::ShapedLayer& l : m.layers) {
+    const size_t n = l.spec.NumElements();
+    out.push_back(BenchLayer{l.spec.name, n, 0, 0});
     total += static_cast<double>(n);
   }
   for (auto& l : out) {
@@ -121,9 +97,6 @@ Result<std::vector<BenchLayer>> LoadTable(const Args& a) {
     l.fwd_ms = 0.5 * l.bwd_ms;
   }
   return out;
-#else
-  return UnavailableError("--model=", a.model, ": this build has no collectives/models.h");
-#endif
 }
 
 // Emulated compute of `ms` milliseconds.
@@ -147,18 +120,28 @@ int Run(int argc, char** argv) {
   int rc = 0;
   {
     auto comm_r = Communicator::Create(MPI_COMM_WORLD);
-    auto args_r = ParseArgs(argc, argv);
-    Status bad = !comm_r.ok() ? comm_r.status() : args_r.status();
+    bool help = false;
+    auto args_r = ParseArgs(argc, argv, &help);
+    if (help || !args_r.ok()) {
+      // Same argv on every rank: rank 0 speaks for all.
+      if (comm_r.ok() && (*comm_r)->rank() == 0) {
+        std::fputs(args_r.status().message().c_str(), help ? stdout : stderr);
+      }
+      MPI_Finalize();
+      return help ? 0 : 2;
+    }
+    Status bad = !comm_r.ok() ? comm_r.status() : Status::Ok();
     auto table_r = bad.ok() ? LoadTable(*args_r) : Result<std::vector<BenchLayer>>(bad);
     if (!table_r.ok()) {
-      std::fprintf(stderr, "poseidon_overlap_bench: %s\n", table_r.status().ToString().c_str());
+      std::fprintf(stderr, "poseidon_overlap_bench: %s\n",
+                   bench::OptionError(table_r.status()).ToString().c_str());
       MPI_Finalize();
       return 2;
     }
     auto comm = *comm_r;
     const Args args = *args_r;
     const std::vector<BenchLayer> table = *table_r;
-    const int rank = comm->rank(), P = comm->size();
+    const int rank = comm->rank();
     const size_t L = table.size();
 
     auto hc_r = HybridCollective::Create(comm);
@@ -197,26 +180,28 @@ int Run(int argc, char** argv) {
     for (const auto& l : table) compute_ms += l.fwd_ms + l.bwd_ms;
 
     if (rank == 0) {
-      char host[256] = {0};
-      gethostname(host, sizeof(host) - 1);
-      std::printf("# poseidon_overlap_bench: wait-free backprop with the engine\n");
-      std::printf("# host %s, %u hardware threads shared by %d ranks, backend mpi (host "
-                  "memory), build %s (" POSEIDON_COMPILER ")\n",
-                  host, std::thread::hardware_concurrency(), P, POSEIDON_BUILD_TYPE);
-      std::printf("# layers %zu (%s), %zu floats = %.1f MB of gradient, compute %.2f ms/iter "
-                  "(%s)\n",
-                  L, args.model.empty() ? "built-in table" : args.model.c_str(), total,
-                  4.0 * static_cast<double>(total) / 1e6, compute_ms,
-                  args.busy ? "busy-wait" : "sleep");
-      std::printf("# compute is emulated by %s: on a GPU the device computes while the host "
-                  "thread waits, so the CPU stays free for communication; the cores here are "
-                  "shared by all ranks\n",
-                  args.busy ? "busy-waiting (pessimistic: it competes for the cores)"
-                            : "sleeping");
-      std::printf("# engine: fusion %lld B, chunk %lld B, cycle %lld us; iters %d (+%d "
-                  "warm-up), time = slowest rank's mean\n",
-                  engine->options().fusion_bytes, engine->options().chunk_bytes,
-                  engine->options().cycle_us, args.iters, args.warmup);
+      auto pre =
+          bench::Preamble::Gather("poseidon_overlap_bench", "wait-free backprop with the engine");
+      pre.SetRun(*comm, comm->host_backend(), MemoryKind::kHost);
+      const std::string model_text = args.model.model.empty()
+                                         ? "built-in table"
+                                         : StrCat(args.model.model, " x", args.model.scale);
+      char sizes[128];
+      std::snprintf(sizes, sizeof sizes, "%zu floats = %.1f MB of gradient, compute %.2f ms/iter",
+                    total, 4.0 * static_cast<double>(total) / 1e6, compute_ms);
+      pre.lines.push_back(StrCat("layers ", L, " (", model_text, "), ", sizes, " (",
+                                 args.busy ? "busy-wait" : "sleep", ")"));
+      pre.lines.push_back(StrCat(
+          "compute is emulated by ",
+          args.busy ? "busy-waiting (pessimistic: it competes for the cores)" : "sleeping",
+          ": on a GPU the device computes while the host thread waits, so the CPU stays free "
+          "for communication; the ",
+          std::thread::hardware_concurrency(), " hardware threads here are shared by all ranks"));
+      pre.lines.push_back(StrCat("engine: fusion ", engine->options().fusion_bytes, " B, chunk ",
+                                 engine->options().chunk_bytes, " B, cycle ",
+                                 engine->options().cycle_us, " us; iters ", args.iters, " (+",
+                                 args.warmup, " warm-up), time = slowest rank's mean"));
+      std::fputs(pre.Text().c_str(), stdout);
     }
 
     std::vector<std::vector<float>> grad(L);

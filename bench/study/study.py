@@ -5,8 +5,9 @@ Steps:
   1. For each model and P in --nps (2, 4, 8): poseidon_model_trainer under mpirun on this host
      (shared memory), compute off (--compute-scale 0), modes dense and hybrid exchanged after
      the backward pass, so the iteration time is the exchange time per iteration. Models are
-     shrunk by --scale-params (default 1/8) so 8 ranks fit beside other work; the planner's
-     prediction for the same shrunk layers is printed beside each measurement.
+     shrunk to the fraction --scale of their parameters (default 1/8) so 8 ranks fit beside
+     other work; the planner's prediction for the same shrunk layers is printed beside each
+     measurement.
   2. The P=8 run also prints (for the FULL-size model) the plan per layer with the cost model
      measured here, bytes per iteration for each strategy alone and for the hybrid, and the
      predicted exchange time for P up to 64 with the measured model and with a stated
@@ -42,7 +43,7 @@ def kv_lines(text, tag):
 def run_trainer(args, model, p, with_predict):
     cmd = ["timeout", "-k", "10", str(args.timeout), "mpirun", "-np", str(p), "--oversubscribe",
            "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1", args.trainer,
-           "--model", model, "--scale-params", str(args.scale), "--compute-scale", "0",
+           "--model", model, "--scale", str(args.scale), "--compute-scale", "0",
            "--modes", "dense,hybrid", "--iters", str(args.iters), "--warmup", "1"]
     if with_predict:
         cmd += ["--predict", ",".join(map(str, PREDICT)), "--print-plan"]

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "collectives/cost_model.h"
-#include "collectives/models.h"
 #include "collectives/planner.h"
 #include "runtime/communicator.h"
+#include "tools/models/models.h"
 
 namespace poseidon {
 namespace {

@@ -6,12 +6,12 @@
 //     exchanges each (a barrier before each, the slowest rank's time, median), and print the
 //     measured and predicted times side by side with the dense allreduce peer's ratio.
 //     Then the planner's choice against the measured fastest.
-//  3. Model mode (--model): one training step's exchanges of a whole model (shapes divided by
-//     --scale to fit this machine), the auto plan against everything forced to allreduce.
+//  3. Model mode (--model): one training step's exchanges of a whole model (shrunk to the
+//     fraction --scale of its parameters, bench/common/model_shape.h, to fit this machine),
+//     the auto plan against everything forced to allreduce.
 //
-//   mpirun -np 4 poseidon_hybrid_bench [--iters 5] [--batch 32] [--model vgg19 --scale 4]
+//   mpirun -np 4 poseidon_hybrid_bench [--iters 5] [--batch 32] [--model vgg19 --scale 0.0625]
 #include <mpi.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -19,9 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/flags.h"
+#include "bench/common/model_shape.h"
+#include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
-#include "collectives/models.h"
-#include "runtime/build_config.h"
 
 namespace poseidon {
 namespace {
@@ -29,8 +30,10 @@ namespace {
 struct Options {
   int iters = 5;
   size_t batch = 32;
-  std::string model;
-  size_t scale = 4;
+  // --model (none: the layer sweep) and --scale (default 1/16: what dividing both sides of
+  // every weight by 4 kept); the sweep takes --batch, the model mode the model's own batch
+  // unless --batch is given.
+  bench::ModelFlags model{"", 0.0625, 0};
 };
 
 double Now() { return MPI_Wtime(); }
@@ -191,20 +194,22 @@ int Sweep(std::shared_ptr<Communicator> comm, const CostModel& model, const Opti
 
 int ModelStep(std::shared_ptr<Communicator> comm, const CostModel& model, const Options& o) {
   const bool root = comm->rank() == 0;
-  auto table = ModelByName(o.model);
-  if (!table.ok()) {
-    if (root) std::fprintf(stderr, "%s\n", table.status().message().c_str());
+  auto shaped = bench::MakeShapedModel(o.model);
+  if (!shaped.ok()) {
+    if (root) {
+      std::fprintf(stderr, "poseidon_hybrid_bench: %s\n",
+                   bench::OptionError(shaped.status()).message().c_str());
+    }
     return 2;
   }
-  // Scale every dimension except the kernel size down by `scale` (at least 1).
+  // SGD on every layer, so that ps competes too.
   std::vector<LayerSpec> layers;
-  for (LayerSpec l : table->layers) {
-    for (size_t i = 0; i < l.shape.size() && i < 2; ++i) {
-      l.shape[i] = std::max<size_t>(1, l.shape[i] / o.scale);
-    }
+  for (const bench::ShapedLayer& sl : shaped->layers) {
+    LayerSpec l = sl.spec;
     l.optimizer = OptimizerSpec::Sgd(SgdParams{});
     layers.push_back(l);
   }
+  const size_t batch = shaped->factor_batch;
   double times[2] = {0, 0}, predicted[2] = {0, 0}, bytes[2] = {0, 0};
   std::string choices;
   for (int mode = 0; mode < 2; ++mode) {  // 0: all allreduce (the peer), 1: auto plan
@@ -217,10 +222,10 @@ int ModelStep(std::shared_ptr<Communicator> comm, const CostModel& model, const 
     }
     PlannerOptions po;
     if (mode == 0) po.global_force = StrategyKind::kAllReduce;
-    if (!(*hc)->BuildPlan(o.batch, model, po).ok()) return 1;
+    if (!(*hc)->BuildPlan(batch, model, po).ok()) return 1;
     std::vector<Buffers> bufs;
-    for (const LayerSpec& l : layers) bufs.push_back(MakeBuffers(l, o.batch, comm->rank()));
-    auto t = TimeSteps(**hc, bufs, o.batch, o.iters);
+    for (const LayerSpec& l : layers) bufs.push_back(MakeBuffers(l, batch, comm->rank()));
+    auto t = TimeSteps(**hc, bufs, batch, o.iters);
     if (!t.ok()) {
       if (root) std::fprintf(stderr, "%s\n", t.status().ToString().c_str());
       return 1;
@@ -234,8 +239,9 @@ int ModelStep(std::shared_ptr<Communicator> comm, const CostModel& model, const 
       choices = StrCat("allreduce ", count[0], ", ps ", count[1], ", sfb ", count[2], ", topk ",
                        count[3]);
       if (root) {
-        std::printf("\n# model %s / %zu: %zu layers, %zu parameters, K=%zu; plan: %s\n",
-                    o.model.c_str(), o.scale, layers.size(), params, o.batch, choices.c_str());
+        std::printf("\n# model %s x%g: %zu layers, %zu parameters, K=%zu (factor rows); plan: %s\n",
+                    shaped->name.c_str(), shaped->scale, layers.size(), params, batch,
+                    choices.c_str());
       }
     }
   }
@@ -255,24 +261,21 @@ int ModelStep(std::shared_ptr<Communicator> comm, const CostModel& model, const 
 
 int Main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto val = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--iters") {
-      o.iters = std::max(1, std::atoi(val().c_str()));
-    } else if (a == "--batch") {
-      o.batch = static_cast<size_t>(std::max(1, std::atoi(val().c_str())));
-    } else if (a == "--model") {
-      o.model = val();
-    } else if (a == "--scale") {
-      o.scale = static_cast<size_t>(std::max(1, std::atoi(val().c_str())));
-    } else {
-      std::fprintf(stderr,
-                   "usage: poseidon_hybrid_bench [--iters N] [--batch K] [--model NAME "
-                   "[--scale S]]\n");
-      return 2;
-    }
+  bench::Flags flags("poseidon_hybrid_bench");
+  flags.Int("--iters", &o.iters, 1, 1000000, "N", "timed steps per case (default 5)");
+  bench::AddModelFlags(flags, &o.model, /*with_batch=*/false);
+  long long batch = static_cast<long long>(o.batch);
+  flags.Int("--batch", &batch, 1, 65536, "K",
+            "sweep: factor rows of the FC layers (default 32);\n"
+            "--model: images per rank (default: the model's)");
+  Status parsed = flags.Parse(argc, argv);
+  if (!parsed.ok() || flags.help()) {
+    if (!parsed.ok()) std::fprintf(stderr, "poseidon_hybrid_bench: %s\n", parsed.message().c_str());
+    std::fputs(flags.Usage().c_str(), parsed.ok() ? stdout : stderr);
+    return parsed.ok() ? 0 : 2;
   }
+  o.batch = static_cast<size_t>(batch);
+  if (flags.Given("--batch")) o.model.batch = batch;
   auto lvl = InitMpi(&argc, &argv);
   if (!lvl.ok()) return 1;
   int rc = 0;
@@ -290,14 +293,16 @@ int Main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if ((*comm)->rank() == 0) {
-      char host[256] = {0};
-      gethostname(host, sizeof(host) - 1);
-      std::printf("# poseidon_hybrid_bench: host %s, %ld cpus, %d ranks, backend %s, %s build\n",
-                  host, sysconf(_SC_NPROCESSORS_ONLN), (*comm)->size(),
-                  (*comm)->host_backend().name().c_str(), POSEIDON_BUILD_TYPE);
-      std::printf("# cost model (%.3f s to obtain): %s\n", probe_s, model->Summary().c_str());
+      auto pre = bench::Preamble::Gather(
+          "poseidon_hybrid_bench",
+          "does the planner pick what is fastest here? measured against predicted per strategy");
+      pre.SetRun(**comm, (*comm)->host_backend(), MemoryKind::kHost);
+      char probe[64];
+      std::snprintf(probe, sizeof probe, "%.3f", probe_s);
+      pre.lines.push_back(StrCat("cost model (", probe, " s to obtain): ", model->Summary()));
+      std::fputs(pre.Text().c_str(), stdout);
     }
-    rc = o.model.empty() ? Sweep(*comm, *model, o) : ModelStep(*comm, *model, o);
+    rc = o.model.model.empty() ? Sweep(*comm, *model, o) : ModelStep(*comm, *model, o);
   }
   MPI_Finalize();
   return rc;

@@ -1,12 +1,12 @@
 // Model shapes: output resolutions by layer name, FLOPs, and uniform shrinking (see the header
 // for the steps).
-#include "bench/cluster/model_shape.h"
+#include "bench/common/model_shape.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
-namespace poseidon::cluster {
+namespace poseidon::bench {
 namespace {
 
 bool StartsWith(const std::string& s, const std::string& p) {
@@ -156,8 +156,8 @@ Result<double> OutputPositions(const std::string& model, const std::string& laye
 }
 
 Result<ShapedModel> MakeShapedModel(const std::string& name, size_t batch, double scale) {
-  PSD_REQUIRE_ARG(std::isfinite(scale) && scale > 0 && scale <= 1, "--scale-params ", scale,
-                  " is out of range; expected a factor in (0, 1]");
+  PSD_REQUIRE_ARG(std::isfinite(scale) && scale > 0 && scale <= 1, "--scale ", scale,
+                  " is out of range; expected a fraction of the parameters in (0, 1]");
   PSD_ASSIGN_OR_RETURN(ModelTable table, TrainerModelTable(name));
   ShapedModel m;
   m.name = name;
@@ -188,4 +188,22 @@ Result<ShapedModel> MakeShapedModel(const std::string& name, size_t batch, doubl
   return m;
 }
 
-}  // namespace poseidon::cluster
+void AddModelFlags(Flags& flags, ModelFlags* m, bool with_batch) {
+  std::string names;
+  for (const std::string& n : TrainerModelNames()) names += StrCat(names.empty() ? "" : "|", n);
+  flags.Text("--model", &m->model, "NAME",
+             StrCat(names, " (default ", m->model.empty() ? "none" : m->model, ")"));
+  flags.Number("--scale", &m->scale, Range{0, 1, true, false}, "S",
+               StrCat("fraction of the model's parameters kept, in (0, 1] (default ", m->scale,
+                      "):\ndense layers S x elements, FC layers and factor batch sqrt(S) "
+                      "per side"));
+  if (with_batch) {
+    flags.Int("--batch", &m->batch, 0, 65536, "K", "images per rank (default: the model's)");
+  }
+}
+
+Result<ShapedModel> MakeShapedModel(const ModelFlags& m) {
+  return MakeShapedModel(m.model, static_cast<size_t>(m.batch), m.scale);
+}
+
+}  // namespace poseidon::bench

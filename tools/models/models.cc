@@ -1,6 +1,6 @@
 // The model tables, built from each network's structure (so the counts are checkable against
 // the published ones) rather than typed in layer by layer.
-#include "collectives/models.h"
+#include "tools/models/models.h"
 
 namespace poseidon {
 namespace {

@@ -1,6 +1,7 @@
-// Model shapes for the model-level benchmarks: per-layer compute figures (FLOPs) for the layer
-// tables of collectives/models.h, a small default model, and uniform shrinking of a model so
-// that 8 emulated hosts fit in one machine's memory.
+// The models as the benchmarks run them: per-layer compute figures (FLOPs) for the layer tables
+// of tools/models/models.h, a small default model, uniform shrinking of a model (so that 8
+// emulated hosts fit in one machine's memory), and the flags that pick one (--model, --scale,
+// --batch), declared once for every benchmark that takes a model.
 //
 // How the figures are made, step by step:
 //  1. The layer tables carry parameter shapes only. The output resolution of each layer comes
@@ -16,16 +17,19 @@
 //     round(sqrt(f) M) x round(sqrt(f) N) and its factor batch round(sqrt(f) K), so dense bytes
 //     (~MN) and factor bytes (~K(M+N)) both shrink by f, and Poseidon's rule
 //     P K <= 2 M N / (M + N) gives the same answer. Compute times shrink by f as well.
+//  4. --scale S is this f everywhere (osu_hybrid, poseidon_hybrid_bench, poseidon_overlap_bench,
+//     poseidon_model_trainer): the fraction of the model's parameters kept, 0 < S <= 1.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "bench/common/flags.h"
 #include "collectives/layer.h"
-#include "collectives/models.h"
 #include "runtime/status.h"
+#include "tools/models/models.h"
 
-namespace poseidon::cluster {
+namespace poseidon::bench {
 
 // One layer of a model as the trainer runs it.
 struct ShapedLayer {
@@ -57,4 +61,15 @@ Result<double> OutputPositions(const std::string& model, const std::string& laye
 // The model at batch `batch` (0: the model's own) shrunk by `scale` in (0, 1].
 Result<ShapedModel> MakeShapedModel(const std::string& name, size_t batch, double scale);
 
-}  // namespace poseidon::cluster
+// The model flags, with their defaults in the fields when declared.
+struct ModelFlags {
+  std::string model = "small";
+  double scale = 1.0;   // --scale: the fraction of the parameters kept, in (0, 1]
+  long long batch = 0;  // --batch: images per rank; 0: the model's own
+};
+// Declares --model NAME and --scale S, and --batch K when with_batch.
+void AddModelFlags(Flags& flags, ModelFlags* m, bool with_batch = true);
+// MakeShapedModel of the flags.
+Result<ShapedModel> MakeShapedModel(const ModelFlags& m);
+
+}  // namespace poseidon::bench
