@@ -47,19 +47,14 @@
 #include <sched.h>
 #include <unistd.h>
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
 
-#include "runtime/half.h"
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
-#include "runtime/multiversion.h"
+#include "runtime/shm_reduce.h"
 #include "runtime/shard.h"
 
 namespace poseidon {
@@ -70,121 +65,10 @@ constexpr uint64_t kStages = 3;
 constexpr size_t kOneShotMaxBytes = size_t{32} << 10;
 constexpr size_t kOneShotPairBytes = size_t{256} << 10;
 constexpr size_t kMinChunkBytes = 4096;
-constexpr size_t kBlock = 1024;  // elements summed per block: the accumulator stays in L1
-// Outputs at least this large are written with streaming stores: they will not fit in this
-// core's cache anyway, and skipping the read-for-ownership makes the copy-out ~1.4x faster.
-constexpr size_t kStreamOutputBytes = size_t{4} << 20;
-
-// memcpy into the caller's output, optionally with non-temporal stores.
-void CopyOut(void* dst, const void* src, size_t n, bool stream) {
-#if defined(__x86_64__)
-  if (stream && n >= 256) {
-    unsigned char* d = static_cast<unsigned char*>(dst);
-    const unsigned char* s = static_cast<const unsigned char*>(src);
-    size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
-    std::memcpy(d, s, head);
-    size_t i = head;
-    for (; i + 64 <= n; i += 64) {
-      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-      __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-    }
-    std::memcpy(d + i, s + i, n - i);
-    return;
-  }
-#endif
-  std::memcpy(dst, src, n);
-}
-
-// Orders streaming stores before the call returns (the caller may hand the buffer on).
-void StreamFence() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
-}
-
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
-}
-
-// Exact float16 -> float32 through a 64 Ki-entry table (256 KiB, built once): the scalar
-// conversion branches on subnormals and is several times slower than the memory traffic.
-const float* HalfTable() {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
-    for (uint32_t h = 0; h < 65536; ++h) t[h] = HalfToFloat(static_cast<uint16_t>(h));
-    return t;
-  }();
-  return table.data();
-}
-
-// Sums in rank order, several sources per pass over the L1-resident accumulator (up to 4 in
-// the first pass, then 3), which nearly halves the loads and stores of one source per pass.
-// The parenthesization keeps the order ((s0 + s1) + s2) + ... exactly. Inlined into
-// ShmReduceSum, so its loops are compiled for each of that function's targets.
-template <typename T>
-inline __attribute__((always_inline)) void SumTyped(const void* const* srcs, int n, void* dst,
-                                                    size_t count) {
-  T* out = static_cast<T*>(dst);
-  auto src = [&](int p, size_t base) { return static_cast<const T*>(srcs[p]) + base; };
-  for (size_t base = 0; base < count; base += kBlock) {
-    const size_t b = std::min(kBlock, count - base);
-    T acc[kBlock];
-    int g = std::min(n, 4);
-    {
-      const T* __restrict a = src(0, base);
-      const T* __restrict c = src(g > 1 ? 1 : 0, base);
-      const T* __restrict d = src(g > 2 ? 2 : 0, base);
-      const T* __restrict e = src(g > 3 ? 3 : 0, base);
-      switch (g) {
-        case 1: for (size_t j = 0; j < b; ++j) acc[j] = a[j]; break;
-        case 2: for (size_t j = 0; j < b; ++j) acc[j] = a[j] + c[j]; break;
-        case 3: for (size_t j = 0; j < b; ++j) acc[j] = (a[j] + c[j]) + d[j]; break;
-        default: for (size_t j = 0; j < b; ++j) acc[j] = ((a[j] + c[j]) + d[j]) + e[j]; break;
-      }
-    }
-    for (int p = g; p < n; p += g) {
-      g = std::min(n - p, 3);
-      const T* __restrict a = src(p, base);
-      const T* __restrict c = src(g > 1 ? p + 1 : p, base);
-      const T* __restrict d = src(g > 2 ? p + 2 : p, base);
-      switch (g) {
-        case 1: for (size_t j = 0; j < b; ++j) acc[j] += a[j]; break;
-        case 2: for (size_t j = 0; j < b; ++j) acc[j] = (acc[j] + a[j]) + c[j]; break;
-        default: for (size_t j = 0; j < b; ++j) acc[j] = ((acc[j] + a[j]) + c[j]) + d[j]; break;
-      }
-    }
-    // Written last so dst may alias a source at the same index.
-    for (size_t j = 0; j < b; ++j) out[base + j] = acc[j];
-  }
-}
-
-template <bool kBFloat16>
-inline __attribute__((always_inline)) void SumHalf(const void* const* srcs, int n, void* dst,
-                                                   size_t count) {
-  const float* table = kBFloat16 ? nullptr : HalfTable();
-  uint16_t* out = static_cast<uint16_t*>(dst);
-  for (size_t base = 0; base < count; base += kBlock) {
-    size_t b = std::min(kBlock, count - base);
-    float acc[kBlock];
-    for (int p = 0; p < n; ++p) {
-      const uint16_t* __restrict sp = static_cast<const uint16_t*>(srcs[p]) + base;
-      for (size_t j = 0; j < b; ++j) {
-        float v = kBFloat16 ? BitsToFloat(static_cast<uint32_t>(sp[j]) << 16) : table[sp[j]];
-        acc[j] = (p == 0) ? v : acc[j] + v;
-      }
-    }
-    for (size_t j = 0; j < b; ++j) {
-      out[base + j] = kBFloat16 ? FloatToBFloat16(acc[j]) : FloatToHalf(acc[j]);
-    }
-  }
 }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -206,18 +90,6 @@ constexpr size_t kDescBytes = 320;  // one descriptor's place (two per rank)
 constexpr size_t kControlBytes = (kLineBytes + 2 * kDescBytes + 63) / 64 * 64;
 }  // namespace
 
-PSD_MULTIVERSION
-void ShmReduceSum(DType dtype, const void* const* srcs, int n, void* dst, size_t count) {
-  if (count == 0 || n <= 0) return;
-  switch (dtype) {
-    case DType::kFloat32: SumTyped<float>(srcs, n, dst, count); break;
-    case DType::kFloat64: SumTyped<double>(srcs, n, dst, count); break;
-    case DType::kInt32: SumTyped<int32_t>(srcs, n, dst, count); break;
-    case DType::kInt64: SumTyped<int64_t>(srcs, n, dst, count); break;
-    case DType::kFloat16: SumHalf<false>(srcs, n, dst, count); break;
-    case DType::kBFloat16: SumHalf<true>(srcs, n, dst, count); break;
-  }
-}
 
 Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, size_t chunk_bytes,
                                                                double timeout_s) {
@@ -683,134 +555,6 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   }
   if (stream) StreamFence();
   stage_ += rounds;
-  return Status::Ok();
-}
-
-namespace {
-// Copies elements [lo, hi) of the pieces' concatenation into dst (in) or from src (out).
-void GatherPieces(const std::vector<SumPiece>& pieces, size_t es, size_t lo, size_t hi,
-                  unsigned char* dst) {
-  size_t base = 0;
-  for (const SumPiece& p : pieces) {
-    const size_t a = std::max(lo, base), b = std::min(hi, base + p.count);
-    if (a < b) {
-      std::memcpy(dst + (a - lo) * es, static_cast<const unsigned char*>(p.in) + (a - base) * es,
-                  (b - a) * es);
-    }
-    base += p.count;
-    if (base >= hi) return;
-  }
-}
-void ScatterPieces(const std::vector<SumPiece>& pieces, size_t es, size_t lo, size_t hi,
-                   const unsigned char* src) {
-  size_t base = 0;
-  for (const SumPiece& p : pieces) {
-    const size_t a = std::max(lo, base), b = std::min(hi, base + p.count);
-    if (a < b) {
-      std::memcpy(static_cast<unsigned char*>(p.out) + (a - base) * es, src + (a - lo) * es,
-                  (b - a) * es);
-    }
-    base += p.count;
-    if (base >= hi) return;
-  }
-}
-}  // namespace
-
-Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
-                                       const Interrupt* interrupt, const CollectiveArgs& args,
-                                       const SumCommit& commit, bool* committed) {
-  const char* call = args.call;
-  *committed = false;
-  PSD_CHECK(CheckUsable(call));
-  size_t count = 0;
-  for (const SumPiece& p : pieces) count += p.count;
-  if (!args.local.ok() || count == 0) {
-    PSD_CHECK(Enter(args, interrupt));
-    *committed = true;
-    return Status::Ok();
-  }
-  const size_t es = DTypeSize(dtype);
-  const size_t first = pieces.empty() ? 0 : pieces[0].count;  // the committed piece
-  std::vector<const void*>& srcs = srcs_;
-  // Sums elements [lo, hi) of a one-stage buffer whose element x is at Slot(r) + x (every
-  // rank's whole input is there) into the outputs, piece by piece.
-  auto sum_into_pieces = [&](uint64_t stage, size_t lo, size_t hi) {
-    size_t base = 0;
-    for (const SumPiece& p : pieces) {
-      const size_t a = std::max(lo, base), b = std::min(hi, base + p.count);
-      if (a < b) {
-        for (int r = 0; r < size_; ++r) srcs[static_cast<size_t>(r)] = Slot(r, stage) + a * es;
-        ShmReduceSum(dtype, srcs.data(), size_,
-                     static_cast<unsigned char*>(p.out) + (a - base) * es, b - a);
-      }
-      base += p.count;
-      if (base >= hi) return;
-    }
-  };
-
-  if (count * es <= one_shot_bytes_) {
-    GatherPieces(pieces, es, 0, count, Slot(rank_, stage_));
-    PSD_CHECK(Enter(args, interrupt));
-    sum_into_pieces(stage_, 0, first);
-    if (commit && !commit(pieces[0].out)) {
-      ++stage_;
-      return Status::Ok();
-    }
-    sum_into_pieces(stage_, first, count);
-    ++stage_;
-    *committed = true;
-    return Status::Ok();
-  }
-
-  const size_t per_chunk = slot_bytes_ / es;
-  const size_t chunks = (count + per_chunk - 1) / per_chunk;
-  if (first > per_chunk) {
-    // Told to the peers through the agreement, so none is left waiting for this rank.
-    CollectiveArgs bad = args;
-    bad.local = InvalidArgument(call, ": the committed first piece holds ", first,
-                                " elements; expected at most one slot (", per_chunk, ")");
-    return Enter(bad, interrupt);
-  }
-  auto chunk_len = [&](size_t k) { return std::min(per_chunk, count - k * per_chunk); };
-  // Copies the reduced shards of chunk k that fall in [lo, hi) (whole-buffer indices) out.
-  auto copy_out = [&](uint64_t stage, size_t k, size_t lo, size_t hi) {
-    const size_t start = k * per_chunk, len = chunk_len(k);
-    for (int r = 0; r < size_; ++r) {
-      const size_t o = start + ShardOffset(len, size_, r);
-      const size_t a = std::max(lo, o), b = std::min(hi, o + ShardCount(len, size_, r));
-      if (a < b) ScatterPieces(pieces, es, a, b, Slot(r, stage) + (a - start) * es);
-    }
-  };
-  const uint64_t base_stage = stage_;
-  GatherPieces(pieces, es, 0, chunk_len(0), Slot(rank_, base_stage));
-  PSD_CHECK(Enter(args, interrupt));
-  for (size_t k = 0; k < chunks; ++k) {
-    const uint64_t stage = base_stage + k;
-    const size_t len = chunk_len(k);
-    const size_t off = ShardOffset(len, size_, rank_), mine = ShardCount(len, size_, rank_);
-    for (int r = 0; r < size_; ++r) srcs[static_cast<size_t>(r)] = Slot(r, stage) + off * es;
-    ShmReduceSum(dtype, srcs.data(), size_, Slot(rank_, stage) + off * es, mine);
-    if (k + 1 < chunks) {
-      GatherPieces(pieces, es, (k + 1) * per_chunk, (k + 1) * per_chunk + chunk_len(k + 1),
-                   Slot(rank_, stage + 1));
-    }
-    PSD_CHECK(Sync(call, interrupt));
-    const size_t start = k * per_chunk;
-    if (k == 0 && commit) {
-      copy_out(stage, 0, 0, first);
-      if (!commit(pieces[0].out)) {
-        // Every rank declines here alike. The next call writes stage + 1, which nobody reads
-        // any more; slower peers may still be reading this stage.
-        stage_ = base_stage + 1;
-        return Status::Ok();
-      }
-      copy_out(stage, 0, first, len);
-    } else {
-      copy_out(stage, k, start, start + len);
-    }
-  }
-  stage_ = base_stage + chunks;
-  *committed = true;
   return Status::Ok();
 }
 

@@ -132,9 +132,4 @@ class ShmCollectives {
   Status failure_;  // the Sync that timed out or was interrupted: peers in an unknown state
 };
 
-// dst[i] = srcs[0][i] + srcs[1][i] + ... + srcs[n-1][i], summed in that order; float16 /
-// bfloat16 accumulate in float32 and round once. dst may equal one of srcs (same index only).
-// The vectorizable loop the shared-memory collectives reduce with; exposed for tests.
-void ShmReduceSum(DType dtype, const void* const* srcs, int n, void* dst, size_t count);
-
 }  // namespace poseidon

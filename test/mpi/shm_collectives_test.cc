@@ -26,6 +26,7 @@
 #include "runtime/settings.h"
 #include "runtime/shard.h"
 #include "runtime/shm_collectives.h"
+#include "runtime/shm_reduce.h"
 #include "test/mpi/rank_checks.h"
 #include "test/mpi/typed_buffer.h"
 #include "test/mpi_test_main.h"
