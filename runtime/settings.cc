@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 namespace poseidon {
@@ -47,10 +48,20 @@ Result<long long> ParseInt(const std::string& name, const std::string& text) {
   // Accept binary suffixes K, M, G for byte sizes.
   if (end != text.c_str() && errno == 0) {
     std::string rest(end);
-    if (rest.empty()) return v;
-    if (rest == "K" || rest == "k" || rest == "KiB") return v << 10;
-    if (rest == "M" || rest == "m" || rest == "MiB") return v << 20;
-    if (rest == "G" || rest == "g" || rest == "GiB") return v << 30;
+    int shift = -1;
+    if (rest.empty()) shift = 0;
+    if (rest == "K" || rest == "k" || rest == "KiB") shift = 10;
+    if (rest == "M" || rest == "m" || rest == "MiB") shift = 20;
+    if (rest == "G" || rest == "g" || rest == "GiB") shift = 30;
+    if (shift == 0) return v;
+    if (shift > 0) {
+      // Scaled by a multiplication kept in range: shifting a negative value, or past 64 bits,
+      // is undefined.
+      const long long limit = std::numeric_limits<long long>::max() >> shift;
+      if (v >= -limit && v <= limit) return v * (1LL << shift);
+      return InvalidArgument("setting ", name, "='", text,
+                             "' is out of range; expected a 64-bit integer");
+    }
   }
   return InvalidArgument("setting ", name, "='", text,
                          "' is not an integer; expected digits with an optional K, M or G suffix");
