@@ -1,7 +1,9 @@
 #include "collectives/layer.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "runtime/settings.h"
@@ -129,12 +131,21 @@ Result<std::vector<size_t>> ParseShape(const std::string& text) {
     size_t j = text.find('x', i);
     if (j == std::string::npos) j = text.size();
     std::string part = text.substr(i, j - i);
-    if (part.empty() || part.size() > 19 ||
-        part.find_first_not_of("0123456789") != std::string::npos) {
+    // Any size_t extent reads back (ShapeString prints up to 20 digits).
+    errno = 0;
+    unsigned long long d = 0;
+    if (!part.empty() && part.size() <= 20 &&
+        part.find_first_not_of("0123456789") == std::string::npos) {
+      d = std::strtoull(part.c_str(), nullptr, 10);
+    } else {
+      errno = EINVAL;
+    }
+    static_assert(sizeof(unsigned long long) == sizeof(size_t), "extents are 64-bit");
+    if (errno != 0) {
       return InvalidArgument("ParseShape: '", text,
                              "' is not a shape; expected dimensions joined by 'x', e.g. 64x3x7x7");
     }
-    shape.push_back(static_cast<size_t>(std::stoull(part)));
+    shape.push_back(static_cast<size_t>(d));
     i = j + 1;
   }
   return shape;
@@ -148,6 +159,9 @@ Result<LayerSpec> ResolveLayerSpec(const LayerSpec& in) {
     PSD_REQUIRE_ARG(!std::isspace(static_cast<unsigned char>(c)) && c != '\0', call,
                     ": layer name '", s.name, "' contains whitespace; expected a single word");
   }
+  PSD_REQUIRE_ARG(s.name[0] != '#', call, ": layer name '", s.name,
+                  "' starts with '#', which starts a comment in the plan table; expected a name "
+                  "that does not");
   const std::string who = StrCat(call, ": layer ", s.name);
   PSD_REQUIRE_ARG(s.dtype == DType::kFloat32, who, ": dtype ", DTypeName(s.dtype),
                   " is not supported; expected float32 (the kernels' GEMM, top-k and "

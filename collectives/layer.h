@@ -88,7 +88,8 @@ struct TopkOptions {
 };
 
 struct LayerSpec {
-  std::string name;           // non-empty, no whitespace (plans are whitespace tables)
+  std::string name;           // non-empty, no whitespace, no leading '#' (plans are whitespace
+                              // tables where '#' starts a comment)
   std::vector<size_t> shape;  // kFullyConnected: exactly {M, N}; others: any, may hold 0
   DType dtype = DType::kFloat32;
   LayerKind kind = LayerKind::kDense;

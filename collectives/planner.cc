@@ -283,7 +283,10 @@ Result<Plan> ParsePlan(const std::string& text) {
       header = true;
       continue;
     }
-    if (line[0] == '#') continue;
+    // A comment, also after blanks: the first word of a layer line (its name) never starts
+    // with '#' (ResolveLayerSpec), so what ParsePlan accepts prints back the same.
+    const size_t first = line.find_first_not_of(" \t\v\f\r");
+    if (first == std::string::npos || line[first] == '#') continue;
     std::istringstream ls(line);
     std::vector<std::string> tok;
     std::string t;

@@ -124,7 +124,8 @@ typedef struct {
 
 /* One layer (one parameter tensor whose gradient is exchanged every step). Fill it with
  * psdLayerConfigInit, then set what differs from the defaults.
- *   name      required, unique per communicator, no whitespace; copied by the call.
+ *   name      required, unique per communicator, no whitespace, not starting with '#';
+ *             copied by the call.
  *   ndim      number of entries in shape (0..8); psdLayerFullyConnected needs exactly 2 {M, N}.
  *   shape     ndim extents (copied); may be NULL when ndim == 0.
  *   kind      default psdLayerDense.
