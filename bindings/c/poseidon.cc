@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bindings/c/engine_bridge.h"
+#include "bindings/c/layer_config.h"
 #include "bindings/c/registry.h"
 #include "collectives/layer.h"
 #include "runtime/arg_check.h"
@@ -60,16 +61,28 @@ Status InitMpiOnce() {
   return Status::Ok();
 }
 
-Status CheckDTypeArg(psdDataType_t dtype) {
-  int d = static_cast<int>(dtype);
+// The int a C caller stored in an enum field or argument. C lets any int through, and the checks
+// below must see it as it is: reading it as the enum type would be undefined in C++ for a value
+// outside the enumerators' range (UBSan: "load of value 9, which is not a valid value for type
+// 'psdStrategy_t'"), so its bytes are copied instead.
+template <typename E>
+int EnumInt(const E& value) {
+  static_assert(sizeof(E) == sizeof(int), "the C API's enums are int-sized");
+  int v = 0;
+  std::memcpy(&v, &value, sizeof(v));
+  return v;
+}
+
+Status CheckDTypeArg(const psdDataType_t& dtype) {
+  int d = EnumInt(dtype);
   PSD_REQUIRE_ARG(d >= 0 && d < kNumDTypes, "dtype ", d,
                   " is unknown; expected psdFloat32 (0), psdFloat64 (1), psdFloat16 (2), "
                   "psdBFloat16 (3), psdInt32 (4) or psdInt64 (5)");
   return Status::Ok();
 }
 
-Result<MemoryKind> CheckMemoryArg(psdMemory_t memory) {
-  int m = static_cast<int>(memory);
+Result<MemoryKind> CheckMemoryArg(const psdMemory_t& memory) {
+  int m = EnumInt(memory);
   PSD_REQUIRE_ARG(m == psdMemHost || m == psdMemDevice, "memory ", m,
                   " is unknown; expected psdMemHost (0) or psdMemDevice (1)");
   return static_cast<MemoryKind>(m);
@@ -77,7 +90,7 @@ Result<MemoryKind> CheckMemoryArg(psdMemory_t memory) {
 
 // Local checks only: the backend lookup that follows may be collective (the first device
 // call makes the device backend), so it must come after the ranks have agreed to go on.
-Result<CallOptions> CallOptionsFor(psdMemory_t memory, void* stream) {
+Result<CallOptions> CallOptionsFor(const psdMemory_t& memory, void* stream) {
   PSD_ASSIGN_OR_RETURN(MemoryKind kind, CheckMemoryArg(memory));
   PSD_REQUIRE_ARG(kind == MemoryKind::kDevice || stream == nullptr, "stream ", stream,
                   " was given for host memory; expected NULL");
@@ -106,14 +119,14 @@ Status CheckBufferArg(const char* name, const void* p, size_t count, psdDataType
 // checks; else MPI under POSEIDON_CHECK_ARGS), device memory the device backend's (under
 // POSEIDON_CHECK_ARGS).
 Status FailCollectiveTogether(CommState& s, const char* backend_call, const Status& local,
-                              psdMemory_t memory = psdMemHost) {
+                              const psdMemory_t& memory = psdMemHost) {
   if (local.ok()) return local;
   CollectiveArgs args;
   args.call = backend_call;
   args.local = local.WithPrefix(StrCat("psd", backend_call, ": "));
   auto* host = dynamic_cast<MpiBackend*>(&s.comm->host_backend());
   Status ignored;
-  if (memory != psdMemDevice && host != nullptr) {
+  if (EnumInt(memory) != psdMemDevice && host != nullptr) {
     ignored = host->Agree(args, nullptr);
   } else if (settings::CheckArgs()) {
     ignored = AgreeOnArgs(s.comm->mpi_comm(), args);
@@ -148,7 +161,8 @@ std::string SettingName(const char* name) {
 }
 
 Result<OptimizerSpec> ToOptimizer(const psdOptimizer_t& o) {
-  switch (o.kind) {
+  const int kind = EnumInt(o.kind);
+  switch (kind) {
     case psdOptimizerNone:
       return OptimizerSpec::None();
     case psdOptimizerSgd: {
@@ -171,10 +185,12 @@ Result<OptimizerSpec> ToOptimizer(const psdOptimizer_t& o) {
       return OptimizerSpec::Adam(p);
     }
   }
-  return InvalidArgument("optimizer.kind ", static_cast<int>(o.kind),
+  return InvalidArgument("optimizer.kind ", kind,
                          " is unknown; expected psdOptimizerNone (0), psdOptimizerSgd (1) or "
                          "psdOptimizerAdam (2)");
 }
+
+}  // namespace
 
 Result<LayerSpec> ToLayerSpec(const psdLayerConfig_t& c) {
   LayerSpec spec;
@@ -186,12 +202,12 @@ Result<LayerSpec> ToLayerSpec(const psdLayerConfig_t& c) {
   PSD_REQUIRE_ARG(c.ndim == 0 || c.shape != nullptr, who, ": shape is NULL with ndim ", c.ndim,
                   "; expected ndim extents");
   spec.shape.assign(c.shape, c.shape + c.ndim);
-  int kind = static_cast<int>(c.kind);
+  int kind = EnumInt(c.kind);
   PSD_REQUIRE_ARG(kind >= psdLayerDense && kind <= psdLayerSparse, who, ": kind ", kind,
                   " is unknown; expected psdLayerDense (0), psdLayerFullyConnected (1) or "
                   "psdLayerSparse (2)");
   spec.kind = static_cast<LayerKind>(kind);
-  int strategy = static_cast<int>(c.strategy);
+  int strategy = EnumInt(c.strategy);
   PSD_REQUIRE_ARG(strategy >= psdStrategyAuto && strategy <= psdStrategyTopk, who, ": strategy ",
                   strategy,
                   " is unknown; expected psdStrategyAuto (-1), psdStrategyAllReduce (0), "
@@ -211,6 +227,8 @@ Result<LayerSpec> ToLayerSpec(const psdLayerConfig_t& c) {
   spec.optimizer = *opt;
   return ResolveLayerSpec(spec);
 }
+
+namespace {
 
 // Makes the exchange communicator and the hybrid collective (collective), registers the layers
 // it has not seen, and plans.
@@ -270,7 +288,7 @@ using namespace poseidon;  // NOLINT: the entry points below name many core type
 extern "C" {
 
 const char* psdGetErrorString(psdResult_t result) {
-  switch (result) {
+  switch (capi::EnumInt(result)) {
     case psdSuccess:
       return "success";
     case psdInvalidArgument:
