@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build, run every test (each mpirun has a
-# timeout), then the engine's and liveness monitor's multi-rank tests again under
-# ThreadSanitizer in a second build.
-#   scripts/run-tests.sh [ctest args...]    e.g. -R collectives, -L gpu
-#   POSEIDON_TSAN=0 scripts/run-tests.sh    skips the ThreadSanitizer pass
+# timeout). Then, each in its own build next to the main one (<build>-tsan, -asan, -fuzz):
+#  - ThreadSanitizer: the engine's and liveness monitor's multi-rank tests;
+#  - AddressSanitizer + UndefinedBehaviorSanitizer: the test suite again, at np 1 to 4;
+#  - libFuzzer (clang): the parsers of outside input (plan table, cost-model cache file, setting
+#    values, C API layer configs), every committed corpus input once, then fuzzed for a while.
+#   scripts/run-tests.sh [ctest args...]    e.g. -R collectives, -L gpu (the main run only)
+#   POSEIDON_TSAN=0 / POSEIDON_ASAN=0 / POSEIDON_FUZZ=0 scripts/run-tests.sh   skips that pass
+#   POSEIDON_FUZZ_SECONDS=60 scripts/run-tests.sh    fuzzes each target 60 s (default 20; 0 runs
+#                                                    the corpus inputs only)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -f "$root/bindings/python/CMakeLists.txt" ]]; then
@@ -26,4 +31,76 @@ if [[ "${POSEIDON_TSAN:-1}" != "0" && $# -eq 0 ]]; then
     -DPOSEIDON_BUILD_BENCH=OFF -DPOSEIDON_BUILD_EXAMPLES=OFF >/dev/null
   cmake --build "$tsan" -j "$(nproc)" --target engine_test liveness_test
   (cd "$tsan" && ctest --output-on-failure --timeout 600 -R '^(engine_test|liveness_test)_np')
+fi
+
+if [[ "${POSEIDON_ASAN:-1}" != "0" && $# -eq 0 ]]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer: the test suite at np 1-4"
+  asan="${build}-asan"
+  gen=()
+  command -v ninja >/dev/null && [[ ! -f "$asan/Makefile" ]] && gen=(-G Ninja)
+  # -O1 with line tables: about half the compile time of -O2 -g, and the tests run as fast.
+  cmake -S "$root" -B "$asan" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DPOSEIDON_SANITIZE=address,undefined \
+    -DPOSEIDON_WITH_CUDA=OFF -DPOSEIDON_BUILD_PYTHON=OFF >/dev/null
+  cmake --build "$asan" -j "$(nproc)"
+  # Leaks: Open MPI, hwloc and OpenBLAS keep memory at exit; test/sanitizers/lsan.supp drops
+  # leaks with one of their frames in the stack, and the full unwinder (fast_unwind_on_malloc=0)
+  # finds those frames past Open MPI's components, which are unloaded by then. Any other leak,
+  # memory error or undefined behaviour (fatal: -fno-sanitize-recover) fails the test.
+  # Left out here: the runs at np 5 to 9 (the same code with more ranks; the main run has them),
+  # c_api_install (its pkg-config consumer does not link the ASan runtime, which must load
+  # first), the Python tests (not built: python3 cannot load an ASan library without
+  # LD_PRELOAD) and CUDA (off; the main build compiles it and its tests need a GPU).
+  (cd "$asan" &&
+    ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
+    LSAN_OPTIONS="suppressions=$root/test/sanitizers/lsan.supp:print_suppressions=0" \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --output-on-failure --timeout 600 -E '_np[5-9]$|^c_api_install$')
+fi
+
+if [[ "${POSEIDON_FUZZ:-1}" != "0" && $# -eq 0 ]]; then
+  echo "== libFuzzer: plan table, cost-model cache, settings, C API layer configs"
+  if ! command -v clang++ >/dev/null; then
+    echo "run-tests: the fuzzers need clang with libFuzzer (Debian: clang libclang-rt-dev);" \
+         "POSEIDON_FUZZ=0 skips them" >&2
+    exit 1
+  fi
+  fuzz="${build}-fuzz"
+  gen=()
+  command -v ninja >/dev/null && [[ ! -f "$fuzz/Makefile" ]] && gen=(-G Ninja)
+  # Only what the fuzzers link, built with clang, ASan + UBSan and coverage (test/fuzz).
+  CC=clang CXX=clang++ cmake -S "$root" -B "$fuzz" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DPOSEIDON_BUILD_FUZZERS=ON \
+    -DPOSEIDON_SANITIZE=address,undefined -DPOSEIDON_WITH_CUDA=OFF -DPOSEIDON_BUILD_TESTS=OFF \
+    -DPOSEIDON_BUILD_BENCH=OFF -DPOSEIDON_BUILD_EXAMPLES=OFF -DPOSEIDON_BUILD_PYTHON=OFF \
+    >/dev/null
+  cmake --build "$fuzz" -j "$(nproc)" --target fuzzers
+  seconds="${POSEIDON_FUZZ_SECONDS:-20}"
+  # run_logged <log> <command...>: the output goes to the log, shown when the command fails.
+  run_logged() {
+    local log="$1"
+    shift
+    if ! "$@" >"$log" 2>&1; then
+      tail -n 80 "$log" >&2
+      echo "run-tests: FAILED: $* (whole output: $log)" >&2
+      return 1
+    fi
+  }
+  for target in plan cost_model settings c_layer_config; do
+    bin="$fuzz/test/fuzz/${target}_fuzzer"
+    corpus="$root/test/fuzz/corpus/$target"
+    # Every committed input once, no mutation: a regression fails here, the same every run.
+    run_logged "$fuzz/$target-corpus.log" "$bin" "$corpus"/*
+    echo "$target: $(find "$corpus" -type f | wc -l) corpus inputs passed"
+    [[ "$seconds" == "0" ]] && continue
+    # Then fuzz from the corpus: new inputs go to a scratch copy in the build (the committed
+    # corpus is read only); a crash, leak, timeout or UB fails, its input is saved as
+    # $fuzz/<target>-crash-<sha1> (add it to the corpus with the fix).
+    work="$fuzz/corpus/$target"
+    rm -rf "$work"
+    mkdir -p "$work"
+    run_logged "$fuzz/$target-fuzz.log" "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 \
+      -timeout=10 -artifact_prefix="$fuzz/$target-" "$work" "$corpus"
+    echo "$target: $(grep -E '^Done [0-9]+ runs' "$fuzz/$target-fuzz.log" || echo 'done')"
+  done
 fi
