@@ -7,8 +7,8 @@
 #    values, C API layer configs), every committed corpus input once, then fuzzed for a while.
 #   scripts/run-tests.sh [ctest args...]    e.g. -R collectives, -L gpu (the main run only)
 #   POSEIDON_TSAN=0 / POSEIDON_ASAN=0 / POSEIDON_FUZZ=0 scripts/run-tests.sh   skips that pass
-#   POSEIDON_FUZZ_SECONDS=60 scripts/run-tests.sh    fuzzes each target 60 s (default 20; 0 runs
-#                                                    the corpus inputs only)
+#   POSEIDON_FUZZ_SECONDS=120 scripts/run-tests.sh   fuzzes 120 s (default 30, the four targets at
+#                                                    once; 0 runs the corpus inputs only)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -f "$root/bindings/python/CMakeLists.txt" ]]; then
@@ -75,32 +75,46 @@ if [[ "${POSEIDON_FUZZ:-1}" != "0" && $# -eq 0 ]]; then
     -DPOSEIDON_BUILD_BENCH=OFF -DPOSEIDON_BUILD_EXAMPLES=OFF -DPOSEIDON_BUILD_PYTHON=OFF \
     >/dev/null
   cmake --build "$fuzz" -j "$(nproc)" --target fuzzers
-  seconds="${POSEIDON_FUZZ_SECONDS:-20}"
-  # run_logged <log> <command...>: the output goes to the log, shown when the command fails.
-  run_logged() {
-    local log="$1"
-    shift
-    if ! "$@" >"$log" 2>&1; then
-      tail -n 80 "$log" >&2
-      echo "run-tests: FAILED: $* (whole output: $log)" >&2
-      return 1
-    fi
-  }
-  for target in plan cost_model settings c_layer_config; do
-    bin="$fuzz/test/fuzz/${target}_fuzzer"
+  seconds="${POSEIDON_FUZZ_SECONDS:-30}"
+  targets=(plan cost_model settings c_layer_config)
+  # Every committed input once, no mutation: a regression fails here, the same every run.
+  for target in "${targets[@]}"; do
     corpus="$root/test/fuzz/corpus/$target"
-    # Every committed input once, no mutation: a regression fails here, the same every run.
-    run_logged "$fuzz/$target-corpus.log" "$bin" "$corpus"/*
+    log="$fuzz/$target-corpus.log"
+    if ! "$fuzz/test/fuzz/${target}_fuzzer" "$corpus"/* >"$log" 2>&1; then
+      tail -n 80 "$log" >&2
+      echo "run-tests: FAILED: ${target}_fuzzer on its corpus (whole output: $log)" >&2
+      exit 1
+    fi
     echo "$target: $(find "$corpus" -type f | wc -l) corpus inputs passed"
-    [[ "$seconds" == "0" ]] && continue
-    # Then fuzz from the corpus: new inputs go to a scratch copy in the build (the committed
-    # corpus is read only); a crash, leak, timeout or UB fails, its input is saved as
-    # $fuzz/<target>-crash-<sha1> (add it to the corpus with the fix).
-    work="$fuzz/corpus/$target"
-    rm -rf "$work"
-    mkdir -p "$work"
-    run_logged "$fuzz/$target-fuzz.log" "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 \
-      -timeout=10 -artifact_prefix="$fuzz/$target-" "$work" "$corpus"
-    echo "$target: $(grep -E '^Done [0-9]+ runs' "$fuzz/$target-fuzz.log" || echo 'done')"
   done
+  # Then the four fuzz at once for $seconds, each from its corpus: new inputs go to a scratch
+  # copy in the build (the committed corpus is read only). A crash, leak, timeout or undefined
+  # behaviour fails; its input is saved as $fuzz/<target>-crash-<sha1> (add it to the corpus
+  # with the fix).
+  if [[ "$seconds" != "0" ]]; then
+    pids=()
+    for target in "${targets[@]}"; do
+      work="$fuzz/corpus/$target"
+      rm -rf "$work"
+      mkdir -p "$work"
+      "$fuzz/test/fuzz/${target}_fuzzer" -max_total_time="$seconds" -rss_limit_mb=2048 \
+        -timeout=10 -artifact_prefix="$fuzz/$target-" "$work" "$root/test/fuzz/corpus/$target" \
+        >"$fuzz/$target-fuzz.log" 2>&1 &
+      pids+=($!)
+    done
+    failed=0
+    for i in "${!targets[@]}"; do
+      target="${targets[$i]}"
+      log="$fuzz/$target-fuzz.log"
+      if wait "${pids[$i]}"; then
+        echo "$target: $(grep -E '^Done [0-9]+ runs' "$log" || echo 'done')"
+      else
+        tail -n 80 "$log" >&2
+        echo "run-tests: FAILED: ${target}_fuzzer (whole output: $log)" >&2
+        failed=1
+      fi
+    done
+    [[ "$failed" == "0" ]] || exit 1
+  fi
 fi
