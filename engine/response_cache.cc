@@ -73,12 +73,6 @@ bool ScheduleRecorder::Ready(std::vector<CachedOp>* schedule, size_t* next_op) c
 
 void ScheduleRecorder::Reset() { cur_ = prev_ = prev2_ = StepRecord(); }
 
-std::vector<float> EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t hash) {
-  std::vector<float> t;
-  EncodeTrailer(ready, error, shutdown, hash, &t);
-  return t;
-}
-
 void EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t hash, std::vector<float>* out) {
   std::vector<float>& t = *out;
   t.assign(kTrailerFloats, 0.0f);

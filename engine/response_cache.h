@@ -62,8 +62,7 @@ constexpr int kHashPieces = 4;  // 32 bits of the hash in 8-bit pieces
 constexpr int kTrailerFloats = 3 + 2 * kHashPieces;
 constexpr int kMaxCachedWorld = 256;
 
-std::vector<float> EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t hash);
-// The same into *out (resized; its capacity is reused).
+// Into *out (resized to kTrailerFloats; its capacity is reused, so a round allocates nothing).
 void EncodeTrailer(bool ready, bool error, bool shutdown, uint64_t hash, std::vector<float>* out);
 
 struct TrailerVerdict {

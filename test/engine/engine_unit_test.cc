@@ -140,14 +140,19 @@ TEST(ResponseCache, TrailerCommitsOnlyWhenEveryRankIsReadyAndAgrees) {
       }
       return s;
     };
+    auto Encode = [](bool ready, bool error, bool shutdown, uint64_t hash) {
+      std::vector<float> t;
+      engine::EncodeTrailer(ready, error, shutdown, hash, &t);
+      return t;
+    };
     const uint64_t h = 0x9e3779b97f4a7c15ull;
     std::vector<std::vector<float>> all(static_cast<size_t>(world),
-                                        engine::EncodeTrailer(true, false, false, h));
+                                        Encode(true, false, false, h));
     EXPECT_TRUE(engine::DecodeTrailer(sum(all).data(), world).commit()) << world;
     // One rank differs in one bit of any of the 32 carried bits: never committed.
     for (int bit = 0; bit < 32; bit += 7) {
       auto t = all;
-      t.back() = engine::EncodeTrailer(true, false, false, h ^ (1ull << bit));
+      t.back() = Encode(true, false, false, h ^ (1ull << bit));
       auto v = engine::DecodeTrailer(sum(t).data(), world);
       if (world > 1) {
         EXPECT_FALSE(v.agree) << world << " bit " << bit;
@@ -157,17 +162,17 @@ TEST(ResponseCache, TrailerCommitsOnlyWhenEveryRankIsReadyAndAgrees) {
     // Two ranks whose pieces average to a third's: variance still catches it.
     if (world >= 3) {
       auto t = all;
-      t[0] = engine::EncodeTrailer(true, false, false, h + 1);
-      t[1] = engine::EncodeTrailer(true, false, false, h - 1);
+      t[0] = Encode(true, false, false, h + 1);
+      t[1] = Encode(true, false, false, h - 1);
       EXPECT_FALSE(engine::DecodeTrailer(sum(t).data(), world).agree) << world;
     }
     auto t = all;
-    t[0] = engine::EncodeTrailer(false, false, false, 0);
+    t[0] = Encode(false, false, false, 0);
     EXPECT_FALSE(engine::DecodeTrailer(sum(t).data(), world).all_ready);
     t = all;
-    t[0] = engine::EncodeTrailer(true, true, false, h);
+    t[0] = Encode(true, true, false, h);
     EXPECT_TRUE(engine::DecodeTrailer(sum(t).data(), world).error);
-    t[0] = engine::EncodeTrailer(true, false, true, h);
+    t[0] = Encode(true, false, true, h);
     EXPECT_TRUE(engine::DecodeTrailer(sum(t).data(), world).shutdown);
   }
 }
