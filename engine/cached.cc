@@ -72,10 +72,15 @@ void Engine::ArmLocked() {
 }
 
 bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
-  // How long the sleep below lasts without a wake-up: the grain of the waiting and patience
-  // checks, and the longest a step's last op lies complete when nobody waits for it (once).
-  constexpr auto kTick = std::chrono::milliseconds(5);
-  constexpr double kTickUs = 5000;
+  // How long the sleep below lasts without a wake-up. Long in the steady state, where every
+  // wake-up takes a core from the training thread (ranks share cores): it is then only the
+  // grain of the patience check. Short (kGraceUs) while a user thread waits on an incomplete
+  // op (the grace below; WaiterBlocks wakes this thread when one starts to wait) or while a
+  // step's last op lies complete with nobody waiting for it (once, see below).
+  constexpr auto kIdleTick = std::chrono::milliseconds(50);
+  constexpr auto kShortTick = std::chrono::milliseconds(5);
+  constexpr double kGraceUs = 5000;
+  bool short_tick = false;
   const size_t op_index = next_op_;
   const engine::CachedOp& op = schedule_[op_index];
   // 1. Readiness.
@@ -95,7 +100,7 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
           ArmLocked();
           EngineLink::busy = false;
           exec->unlock();
-          cv_.wait_for(lock, kTick, [&] {
+          cv_.wait_for(lock, short_tick ? kShortTick : kIdleTick, [&] {
             return kick_ || waiter_blocked_ || !local_errors_.empty() || shutdown_requested_ ||
                    !sticky_.ok();
           });
@@ -108,6 +113,7 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
       }
     }
     shutdown = TakeIncoming();
+    short_tick = false;
     if (const Interrupt* in = interrupt(); in != nullptr) {
       Status lost = in->Check();
       if (!lost.ok()) {
@@ -132,7 +138,7 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
       if (op_index + 1 == schedule_.size() && !wake_for_last_.load(std::memory_order_relaxed)) {
         // The step's last op: its user is about to wait for it and run it (RunForWaiter). Run
         // it here only for a waiter that could not (this thread held exec_mu_), or once it has
-        // lain complete for a whole tick: then nobody waits (callbacks, polling), and from now
+        // lain complete for kGraceUs: then nobody waits (callbacks, polling), and from now
         // on its completion wakes this thread at once.
         bool blocked = false;
         {
@@ -144,7 +150,10 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
           for (int l : op.layers) {
             newest = std::max(newest, queues_[static_cast<size_t>(l)].front().submit_us);
           }
-          if (NowUs() - newest < kTickUs) continue;
+          if (NowUs() - newest < kGraceUs) {
+            short_tick = true;
+            continue;
+          }
           wake_for_last_.store(true, std::memory_order_relaxed);
         }
       }
@@ -161,7 +170,8 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
       if (waiting_since < 0) waiting_since = now;
       // A thread blocked in Wait submits nothing more: after a short grace (another thread may
       // still submit), the group will not complete as cached.
-      if (now - waiting_since > 5000) {
+      short_tick = true;
+      if (now - waiting_since > kGraceUs) {
         why = "a user thread waits on an incomplete group";
         break;
       }

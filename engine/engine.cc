@@ -2,6 +2,8 @@
 // The engine thread's cycles live in loop.cc (negotiated) and cached.cc (response cache).
 #include "engine/engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -76,6 +78,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Communicator> com
     // Host memory: a waiting user thread may run a ready cached op itself (engine.h). Device
     // memory stays with the engine thread and its stream.
     e->link_->run = [p = e.get()](const Handle& h) { p->RunForWaiter(h); };
+    e->link_->blocked = [p = e.get()] { p->WaiterBlocks(); };
   }
   e->thread_ = std::thread([p = e.get()] { p->Loop(); });
   return e;
@@ -312,6 +315,14 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
   return h;
 }
 
+void Engine::WaiterBlocks() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    kick_ = true;
+  }
+  cv_.notify_one();
+}
+
 void Engine::ReportError(const Status& error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -347,6 +358,7 @@ Status Engine::Shutdown() {
     // No waiter runs an exchange from now on (one running now has finished: it held this).
     std::lock_guard<std::mutex> lock(link_->mu);
     link_->run = nullptr;
+    link_->blocked = nullptr;
   }
   hc_->set_interrupt(nullptr);
   if (stream_ != nullptr) {
@@ -421,6 +433,7 @@ void Engine::OnPeerLost(const Status& s) {
 }
 
 void Engine::Loop() {
+  pthread_setname_np(pthread_self(), "psd-engine");  // for top -H, gdb, perf
   if (device()) {
     // CUDA's current device is per thread: use the one the engine was created on.
     Status s = engine::UseDevice(device_);

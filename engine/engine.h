@@ -37,8 +37,10 @@
 //    one runner at a time) instead of sleeping through two thread hand-overs. The engine
 //    thread is woken by a submission only when it completes the op it waits for, and not even
 //    then for the last op of a step while nobody waits (the user is about to wait for it),
-//    unless that op once lay complete for a 5 ms tick with nobody waiting (callbacks or
-//    polling drive this user: the engine thread then runs it at once).
+//    unless that op once lay complete with nobody waiting when the engine thread's idle tick
+//    (50 ms) came (callbacks or polling drive this user: the engine thread then runs it at
+//    once). A user thread that starts to sleep on an incomplete handle wakes the engine
+//    thread (EngineLink::blocked): after a 5 ms grace the op returns to negotiation.
 //  - Errors are sticky: the first failure fails every pending handle on every rank with that
 //    status and stops the engine; later Submit calls return handles failed with it.
 //  - Threads and MPI: while the engine runs, its threads are the only users of the
@@ -204,6 +206,10 @@ class Engine {
   // The waiter runs (Handle::Wait through EngineLink::run): runs complete cached ops until `h`
   // is done, if the engine thread is not running one.
   void RunForWaiter(const Handle& h);
+  // Handle::Wait through EngineLink::blocked: a user thread sleeps on an incomplete handle.
+  // Wakes the engine thread, which starts the grace after which an incomplete cached op
+  // returns to negotiation (CachedCycle).
+  void WaiterBlocks();
   // Moves new submissions into the queues and takes over local errors; returns whether a
   // shutdown was requested.
   bool TakeIncoming();

@@ -38,6 +38,11 @@ Status Handle::Wait(double timeout_s) const {
     std::unique_lock<std::mutex> helping(link_->mu, std::try_to_lock);
     if (helping && link_->run) link_->run(*this);
   }
+  if (link_ && !EngineLink::busy && !done_.load(std::memory_order_acquire)) {
+    // Not taken while another waiter runs exchanges: that one completes work anyway.
+    std::unique_lock<std::mutex> helping(link_->mu, std::try_to_lock);
+    if (helping && link_->blocked) link_->blocked();
+  }
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] { return done_.load(std::memory_order_acquire); };
   if (forever) {

@@ -16,8 +16,9 @@ namespace poseidon {
 
 // Completion callback: runs exactly once, with the final status, on the engine thread (on a
 // user thread that ran the exchange in Wait, engine.h "the waiter runs"; on the liveness
-// thread when a lost peer fails the handle; on the calling thread when Submit fails at once). Keep it short; it may call Submit, but must not call Shutdown or Wait on a handle
-// of the same engine. An exception it throws is caught and logged: it never reaches the engine.
+// thread when a lost peer fails the handle; on the calling thread when Submit fails at once).
+// Keep it short; it may call Submit, but must not call Shutdown or Wait on a handle of the same
+// engine. An exception it throws is caught and logged: it never reaches the engine.
 using DoneCallback = std::function<void(const Status&)>;
 
 class Handle;
@@ -30,6 +31,10 @@ struct EngineLink {
   std::atomic<bool> waited{false};  // a thread called Wait without a timeout (the engine clears it)
   std::mutex mu;  // held while a waiter runs exchanges; the engine takes it to withdraw `run`
   std::function<void(const Handle&)> run;  // guarded by mu; empty once the engine has stopped
+  // Guarded by mu, empty once the engine has stopped: a thread is about to sleep in Wait on an
+  // incomplete handle (the engine thread, asleep between ticks, learns at once that nothing
+  // more comes from that thread).
+  std::function<void()> blocked;
   // Set on a thread while it runs engine work (the engine thread, a waiter running an
   // exchange): a Wait from there (a completion callback) never tries to run more.
   static thread_local bool busy;

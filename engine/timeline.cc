@@ -1,6 +1,8 @@
 // Timeline writer: the engine thread buffers records; a writer thread formats Chrome-trace JSON.
 #include "engine/timeline.h"
 
+#include <pthread.h>
+
 #include <chrono>
 #include <cinttypes>
 
@@ -73,6 +75,7 @@ void Timeline::Publish() {
 }
 
 void Timeline::WriterLoop() {
+  pthread_setname_np(pthread_self(), "psd-timeline");
   std::vector<Event> batch;
   std::vector<std::pair<int, std::string>> names;
   for (;;) {

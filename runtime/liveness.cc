@@ -11,6 +11,8 @@
 // Leave() stops the loop; the thread then sends its "leaving" beat and exits.
 #include "runtime/liveness.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -175,6 +177,7 @@ void Liveness::Leave() {
 }
 
 void Liveness::Run() {
+  pthread_setname_np(pthread_self(), "psd-liveness");
   const int me = channel_->rank();
   const size_t n = static_cast<size_t>(channel_->size());
   const Seconds timeout(options_.peer_timeout_s);
