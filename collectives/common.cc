@@ -78,6 +78,27 @@ std::vector<float> OptimizerState::second() const {
   return kernels_ ? second_.Download<float>(*kernels_, n_, stream_) : std::vector<float>();
 }
 
+Status CheckSubmission(const LayerSpec& layer, const ExchangeBuffers& buf) {
+  const size_t n = layer.NumElements();
+  const bool fc = layer.kind == LayerKind::kFullyConnected;
+  PSD_REQUIRE_ARG(n == 0 || buf.grad != nullptr, "layer '", layer.name,
+                  "': grad is null; expected ", n, " floats");
+  PSD_REQUIRE_ARG(n == 0 || !layer.optimizer.enabled() || buf.params != nullptr, "layer '",
+                  layer.name, "' has an optimizer (", OptimizerName(layer.optimizer.kind),
+                  ") but params is null; expected the ", n, " parameters");
+  PSD_REQUIRE_ARG(buf.batch == 0 || (buf.u == nullptr) == (buf.v == nullptr), "layer '",
+                  layer.name, "': only one of u (", static_cast<const void*>(buf.u), ") and v (",
+                  static_cast<const void*>(buf.v), ") is given for a batch of ", buf.batch,
+                  " rows; expected both factors or neither");
+  PSD_REQUIRE_ARG(fc || (buf.u == nullptr && buf.v == nullptr), "layer '", layer.name, "' is ",
+                  LayerKindName(layer.kind),
+                  "; sufficient factors (u, v) need a fully connected layer");
+  PSD_REQUIRE_ARG(fc || buf.batch == 0, "layer '", layer.name, "' is ",
+                  LayerKindName(layer.kind), ": batch ", buf.batch,
+                  " without factors; expected 0");
+  return Status::Ok();
+}
+
 namespace strategy_internal {
 
 CostEstimate DenseAllReduceCost(const LayerSpec& layer, int world, const CostModel& model) {
@@ -96,16 +117,8 @@ double FormGradientTime(const LayerSpec& layer, size_t batch, const CostModel& m
 }
 
 Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf) {
-  size_t n = layer.NumElements();
-  if (n == 0) return Status::Ok();
-  PSD_REQUIRE_ARG(buf.grad != nullptr, call, ": layer ", layer.name,
-                  ": grad is null; expected a buffer of ", n, " floats");
-  if (layer.optimizer.enabled()) {
-    PSD_REQUIRE_ARG(buf.params != nullptr, call, ": layer ", layer.name,
-                    ": params is null but the layer has an optimizer (",
-                    OptimizerName(layer.optimizer.kind), "); expected ", n, " floats");
-  }
-  return Status::Ok();
+  Status s = CheckSubmission(layer, buf);
+  return s.ok() ? s : s.WithPrefix(StrCat(call, ": "));
 }
 
 Status FailTogether(const StrategyContext& ctx, const Status& local) {

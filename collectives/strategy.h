@@ -48,6 +48,14 @@ struct ExchangeBuffers {
   size_t max_batch = 0;
 };
 
+// The local checks of one submission of `layer`'s buffers: what only the submitting rank can
+// see (the engine and the backends check agreement across ranks). The one copy behind the
+// strategies' Exchange, Engine::Submit and psdSubmit. Refused: a null grad (a null params when
+// the layer has an optimizer) for a non-empty layer; one factor of u, v without the other for
+// a batch of rows; factors for a layer that is not fully connected; a batch without factors
+// on such a layer. The message names the layer, the argument and what was expected.
+Status CheckSubmission(const LayerSpec& layer, const ExchangeBuffers& buf);
+
 // Everything a strategy runs on.
 struct StrategyContext {
   Backend* backend = nullptr;
@@ -189,8 +197,8 @@ const Strategy& SfbStrategy();
 const Strategy& TopkStrategy();
 // k = ceil(density * n) (or the layer's explicit k), at least 1 for n > 0.
 size_t TopkCount(const LayerSpec& layer);
-// Checks the buffers a strategy needs, naming the call, the layer and the missing pointer.
-// Every strategy needs grad (the input, or for sfb the output its GEMM rebuilds into).
+// CheckSubmission prefixed with the strategy call: every strategy needs grad (the input, or
+// for sfb the output its GEMM rebuilds into).
 Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf);
 // Returns `local` (an argument error found on this rank alone) after making the peers' next
 // collective fail too: a deliberately invalid backend call makes the backend's cross-rank

@@ -144,7 +144,6 @@ Engine::Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
     layer_names_.push_back(std::make_shared<const std::string>(spec.name));
     layer_count_.push_back(spec.NumElements());
     layer_dtype_.push_back(spec.dtype);
-    layer_optimizer_.push_back(spec.optimizer.enabled());
     layer_strategy_.push_back(hc_->has_plan() ? hc_->strategy(l) : StrategyKind::kAllReduce);
   }
 }
@@ -213,17 +212,14 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
     err = StrCat("Engine::Submit: layer id ", layer, " is out of range; expected 0..",
                  num_layers_ - 1, " (the layers registered with the HybridCollective)");
   } else {
-    const size_t n = layer_count_[static_cast<size_t>(layer)];
-    const bool factors = g.u != nullptr || g.v != nullptr;
-    if (n > 0 && g.data == nullptr) {
-      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
-                   ": gradient buffer is null; expected ", n, " elements");
-    } else if (factors && (g.u == nullptr || g.v == nullptr) && g.batch > 0) {
-      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
-                   ": only one of the factors u, v is set; expected both or neither");
-    } else if (layer_optimizer_[static_cast<size_t>(layer)] && n > 0 && g.params == nullptr) {
-      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
-                   ": params is null but the layer has an optimizer; expected ", n, " floats");
+    ExchangeBuffers buf;
+    buf.grad = static_cast<float*>(g.data);
+    buf.params = g.params;
+    buf.u = g.u;
+    buf.v = g.v;
+    buf.batch = g.batch;
+    if (Status s = CheckSubmission(hc_->layer(layer), buf); !s.ok()) {
+      err = StrCat("Engine::Submit: layer ", layer, " step ", step, ": ", s.message());
     } else if (step < 0) {
       err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
                    ": expected a step >= 0");

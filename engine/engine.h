@@ -247,7 +247,6 @@ class Engine {
   std::vector<std::shared_ptr<const std::string>> layer_names_;  // shared with handles
   std::vector<size_t> layer_count_;
   std::vector<DType> layer_dtype_;
-  std::vector<bool> layer_optimizer_;
   std::vector<StrategyKind> layer_strategy_;
   std::unique_ptr<engine::Timeline> timeline_;
   std::unique_ptr<engine::Controller> controller_;

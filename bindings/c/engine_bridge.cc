@@ -101,23 +101,13 @@ Status CheckSubmit(CommState& s, int layer_id, float* grad, float* params, const
                   layer.name,
                   "' has no current plan (layers were registered after the last "
                   "psdBuildPlan, or none was built); expected psdBuildPlan first");
-  PSD_REQUIRE_ARG(grad != nullptr || layer.NumElements() == 0, "layer '", layer.name,
-                  "': grad is NULL; expected ", layer.NumElements(), " floats");
-  PSD_REQUIRE_ARG(!layer.optimizer.enabled() || params != nullptr || layer.NumElements() == 0,
-                  "layer '", layer.name, "' has an optimizer (",
-                  OptimizerName(layer.optimizer.kind), ") but params is NULL; expected the ",
-                  layer.NumElements(), " parameters");
-  PSD_REQUIRE_ARG((u == nullptr) == (v == nullptr), "layer '", layer.name, "': only one of u (",
-                  static_cast<const void*>(u), ") and v (", static_cast<const void*>(v),
-                  ") is given; expected both factors or neither");
-  if (u != nullptr) {
-    PSD_REQUIRE_ARG(layer.kind == LayerKind::kFullyConnected, "layer '", layer.name, "' is ",
-                    LayerKindName(layer.kind),
-                    "; sufficient factors need a psdLayerFullyConnected layer");
-  } else {
-    PSD_REQUIRE_ARG(batch == 0 || layer.kind == LayerKind::kFullyConnected, "layer '", layer.name,
-                    "': batch ", batch, " without factors; expected 0");
-  }
+  ExchangeBuffers buf;
+  buf.grad = grad;
+  buf.params = params;
+  buf.u = u;
+  buf.v = v;
+  buf.batch = batch;
+  PSD_CHECK(CheckSubmission(layer, buf));
   PSD_REQUIRE_ARG(s.strategies[static_cast<size_t>(layer_id)] != StrategyKind::kSfb ||
                       u != nullptr || s.planned_batch == 0,
                   "layer '", layer.name,

@@ -129,7 +129,7 @@ TEST_F(CApiEngine, RefusedSubmissionOnOneRankFailsEveryRankFast) {
       {"NULL handle pointer", "handle is NULL"},
       {"layer id out of range", "layer_id 7 is not registered"},
       {"negative layer id", "layer_id -1 is not registered"},
-      {"NULL gradient", "grad is NULL"},
+      {"NULL gradient", "grad is null"},
   };
   const int bad = size_ - 1;
   const bool me = rank_ == bad;

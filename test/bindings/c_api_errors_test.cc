@@ -312,7 +312,7 @@ TEST_F(CApi, PlanSizeQueryAndSubmitChecks) {
   EXPECT_EQ(psdSubmit(comm_, id, g, nullptr, u, nullptr, 2, &h), psdInvalidArgument);
   EXPECT_NE(Last(comm_).find("only one of u"), std::string::npos) << Last(comm_);
   EXPECT_EQ(psdSubmit(comm_, id, nullptr, nullptr, nullptr, nullptr, 0, &h), psdInvalidArgument);
-  EXPECT_NE(Last(comm_).find("grad is NULL; expected 24 floats"), std::string::npos);
+  EXPECT_NE(Last(comm_).find("grad is null; expected 24 floats"), std::string::npos);
   EXPECT_EQ(psdSubmit(comm_, id, g, nullptr, nullptr, nullptr, 0, nullptr), psdInvalidArgument);
   EXPECT_EQ(h, nullptr);
   // A refused submission also fails the engine on every rank (the others would wait for it):
