@@ -122,11 +122,7 @@ Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuff
 }
 
 Status FailTogether(const StrategyContext& ctx, const Status& local) {
-  // A null buffer with count 1 fails the backend's local check; its agreement step then
-  // reports this rank's error to every rank blocked in the matching collective.
-  Status ignored = ctx.backend->AllReduce(nullptr, nullptr, 1, DType::kFloat32, ctx.call);
-  (void)ignored;
-  return local;
+  return ctx.backend->FailTogether("Exchange", local, ctx.call.interrupt);
 }
 
 Status FormGradientFromFactors(const LayerSpec& layer, const ExchangeBuffers& buf,

@@ -201,9 +201,7 @@ size_t TopkCount(const LayerSpec& layer);
 // for sfb the output its GEMM rebuilds into).
 Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf);
 // Returns `local` (an argument error found on this rank alone) after making the peers' next
-// collective fail too: a deliberately invalid backend call makes the backend's cross-rank
-// argument agreement (POSEIDON_CHECK_ARGS, on by default) fail on every rank instead of
-// leaving the others waiting for this rank.
+// collective fail too (Backend::FailTogether) instead of leaving them waiting for this rank.
 Status FailTogether(const StrategyContext& ctx, const Status& local);
 // Runs `steps`, the local work (allocation, kernels) a strategy does before its next
 // collective. A failure there is this rank's alone (out of memory, a kernel error): it goes

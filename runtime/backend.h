@@ -105,6 +105,13 @@ class Backend {
                            const CallOptions& opts = {}) = 0;
   virtual Status Barrier() = 0;
 
+  // Fails a collective on every rank at once: joins, moving no data, the cross-rank argument
+  // agreement that the peers run inside their matching call with this rank's own error
+  // (`local`, not OK), so their call fails with a message naming this rank and the cause
+  // instead of waiting for it. Returns `local`. `call` names the call ("AllReduce").
+  virtual Status FailTogether(const char* call, const Status& local,
+                              const Interrupt* interrupt) = 0;
+
   // Optional: the allreduce of several pieces as if they were one buffer, their concatenation
   // in order, with no packing copy (the engine's fused groups). commit (may be null) sees the
   // first piece's sum first (see SumCommit); *committed says whether the rest was written.

@@ -238,6 +238,14 @@ Status MpiBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt)
   return done ? *done : Status::Ok();
 }
 
+Status MpiBackend::FailTogether(const char* call, const Status& local,
+                                const Interrupt* interrupt) {
+  // The shared-memory window always checks; plain MPI agrees under POSEIDON_CHECK_ARGS.
+  Status ignored = Agree({call, -1, 0, -1, 0, local}, interrupt);
+  (void)ignored;  // this rank reports its own error, not the agreement's
+  return local;
+}
+
 Status MpiBackend::ShmResult(const ShmCollectives& shm, Status status) {
   if (status.ok() || !shm.broken()) return status;
   // The window's peers are in an unknown state (one may still be inside this collective):

@@ -76,6 +76,7 @@ class MpiBackend : public Backend {
   // one (always), else AgreeOnArgs when POSEIDON_CHECK_ARGS is on, else args.local. Under an
   // interrupt, a call abandoned here makes this backend unusable like any abandoned call.
   Status Agree(const CollectiveArgs& args, const Interrupt* interrupt);
+  Status FailTogether(const char* call, const Status& local, const Interrupt* interrupt) override;
 
  private:
   // How the call named `call` ("MpiBackend::AllReduce") waits, given its options.

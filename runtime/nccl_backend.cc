@@ -205,6 +205,14 @@ Status NcclBackend::Agree(const char* call, int64_t count, DType dtype, int64_t 
       mpi_comm_, {call, count, static_cast<int64_t>(dtype), root, layout_hash, std::move(local)});
 }
 
+Status NcclBackend::FailTogether(const char* call, const Status& local,
+                                 const Interrupt* interrupt) {
+  (void)interrupt;  // the argument agreement runs over MPI (AgreeOnArgs)
+  Status ignored = Agree(call, -1, DType::kFloat32, -1, 0, local);
+  (void)ignored;  // this rank reports its own error, not the agreement's
+  return local;
+}
+
 Status NcclBackend::LaunchAllReduce(const void* send, void* recv, size_t count, DType dtype,
                                     cudaStream_t stream) {
   if (count == 0) return Status::Ok();

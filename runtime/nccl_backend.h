@@ -76,6 +76,7 @@ class NcclBackend : public Backend {
                    const CallOptions& opts = {}) override;
   // An NCCL allreduce of one word on an internal stream, waited for (polling async errors).
   Status Barrier() override;
+  Status FailTogether(const char* call, const Status& local, const Interrupt* interrupt) override;
 
   Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
                                               DType dtype, const CallOptions& opts = {}) override;

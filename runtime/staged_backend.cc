@@ -150,6 +150,11 @@ void StagedBackend::Reap() {
   in_flight_.resize(kept);
 }
 
+Status StagedBackend::FailTogether(const char* call, const Status& local,
+                                  const Interrupt* interrupt) {
+  return host_->FailTogether(call, local, interrupt);
+}
+
 Status StagedBackend::Agree(const char* call, int64_t count, DType dtype, int64_t root,
                             uint64_t layout_hash, Status local, const Interrupt* interrupt) {
   // The host backend decides: its shared-memory window always checks (at no cost), plain MPI

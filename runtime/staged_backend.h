@@ -52,6 +52,7 @@ class StagedBackend : public Backend {
   Status Broadcast(void* buf, size_t count, DType dtype, int root,
                    const CallOptions& opts = {}) override;
   Status Barrier() override;
+  Status FailTogether(const char* call, const Status& local, const Interrupt* interrupt) override;
 
   Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
                                               DType dtype, const CallOptions& opts = {}) override;

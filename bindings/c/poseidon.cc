@@ -113,24 +113,23 @@ Status CheckBufferArg(const char* name, const void* p, size_t count, psdDataType
 // A blocking collective's arguments are checked here before the backend sees them. An error
 // found on one rank alone must not leave the peers waiting in the backend's argument agreement
 // (bindings/c/poseidon.h promises that a bad argument on one rank fails the call on all ranks):
-// this rank joins that agreement with its error, so every peer fails too and its message names
-// this rank and the cause. Host memory (and a memory argument that is itself bad) joins the
-// host backend's agreement (its shared-memory window among the ranks of one node, which always
-// checks; else MPI under POSEIDON_CHECK_ARGS), device memory the device backend's (under
-// POSEIDON_CHECK_ARGS).
+// this rank joins that agreement with its error (Backend::FailTogether), so every peer fails
+// too and its message names this rank and the cause. Host memory (and a memory argument that
+// is itself bad) joins the host backend's agreement, device memory the device backend's (made
+// here if this is the first device call: the peers' call makes it too; the host backend's when
+// there is none).
 Status FailCollectiveTogether(CommState& s, const char* backend_call, const Status& local,
                               const psdMemory_t& memory = psdMemHost) {
   if (local.ok()) return local;
-  CollectiveArgs args;
-  args.call = backend_call;
-  args.local = local.WithPrefix(StrCat("psd", backend_call, ": "));
-  auto* host = dynamic_cast<MpiBackend*>(&s.comm->host_backend());
-  Status ignored;
-  if (EnumInt(memory) != psdMemDevice && host != nullptr) {
-    ignored = host->Agree(args, nullptr);
-  } else if (settings::CheckArgs()) {
-    ignored = AgreeOnArgs(s.comm->mpi_comm(), args);
+  Backend* backend = &s.comm->host_backend();
+  if (EnumInt(memory) == psdMemDevice) {
+    // Made on first use, collectively: the peers' device call makes it too.
+    Result<Backend*> device = s.comm->backend(MemoryKind::kDevice);
+    if (device.ok()) backend = *device;
   }
+  Status ignored =
+      backend->FailTogether(backend_call, local.WithPrefix(StrCat("psd", backend_call, ": ")),
+                            nullptr);
   (void)ignored;  // this rank reports its own error, not the agreement's
   return local;
 }
