@@ -5,6 +5,10 @@
 // copies: the C API gets the array's own memory, after checks that it is contiguous, of a known
 // dtype, writable where written, and of the expected element count; each failed check raises
 // InvalidArgumentError naming the argument and what was expected.
+// Comm.submit: the engine reads and writes the arrays after submit returns, so the Handle holds
+// the Python objects, and a handle freed before its exchange completes hands them to its Comm,
+// which drops them, with the GIL held, once the exchange is done. A refused submit argument
+// fails the engine on every rank (FailSubmit), so no peer waits for the missing submission.
 // Errors: a psdResult_t other than psdSuccess raises the matching poseidon exception with
 // psdGetLastError's message. Blocking calls release the GIL.
 #include <pybind11/pybind11.h>
@@ -12,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,8 +51,36 @@ struct View {
   size_t count = 0;
   psdDataType_t dtype = psdFloat32;
   psdMemory_t memory = psdMemHost;
+  std::string device = "cpu";  // a tensor's device type
   std::vector<size_t> shape;
 };
+
+const char* DTypeName(psdDataType_t t) {
+  switch (t) {
+    case psdFloat32:
+      return "float32";
+    case psdFloat64:
+      return "float64";
+    case psdFloat16:
+      return "float16";
+    case psdBFloat16:
+      return "bfloat16";
+    case psdInt32:
+      return "int32";
+    case psdInt64:
+      return "int64";
+    default:
+      return "unknown";
+  }
+}
+
+// "64 x 32"; "(scalar)" for no dimensions.
+std::string ShapeText(const std::vector<size_t>& shape) {
+  if (shape.empty()) return "(scalar)";
+  std::string text;
+  for (size_t d : shape) text += (text.empty() ? "" : " x ") + std::to_string(d);
+  return text;
+}
 
 psdDataType_t DTypeFromFormat(const std::string& fmt, size_t itemsize, const char* what) {
   // Strip byte-order / alignment prefixes; only native order is accepted.
@@ -92,6 +125,7 @@ View ToView(py::handle obj, const char* what, bool writable) {
     }
     v.dtype = DTypeFromTorch(py::str(obj.attr("dtype")).cast<std::string>(), what);
     std::string device = py::str(obj.attr("device").attr("type")).cast<std::string>();
+    v.device = device;
     if (device == "cpu") {
       v.memory = psdMemHost;
     } else if (device == "cuda") {
@@ -201,80 +235,57 @@ long long TimeoutMs(py::handle t) {
   return static_cast<long long>(std::ceil(ms));
 }
 
-// Handles whose Python object went away while their exchange still ran: the engine keeps
-// reading and writing the arrays until it completes, so they stay referenced here (the C
-// handle too) and are let go, with the GIL held, once the exchange is done (ReapOrphans runs at
-// every submit, wait and test, and when a communicator is destroyed).
-struct Orphan {
-  psdHandle_t h;
+class Comm;
+
+// What one submission borrows: the C handle and the Python objects whose memory the engine reads
+// and writes (grad, params, u, v) until the exchange completes.
+struct Inflight {
+  psdHandle_t h = nullptr;
   std::vector<py::object> keep;
 };
-std::vector<Orphan>& Orphans() {
-  static auto* orphans = new std::vector<Orphan>();  // never freed: objects may outlive exit
-  return *orphans;
-}
-void ReapOrphans() {
-  auto& orphans = Orphans();
-  for (size_t i = 0; i < orphans.size();) {
-    int done = 0;
-    // Anything but "still running" (psdSuccess with done = 0) ends the borrowing: a failed
-    // exchange returns its error with done = 1.
-    if (psdTest(orphans[i].h, &done) != psdSuccess) done = 1;
-    if (done) {
-      psdHandleFree(orphans[i].h);
-      orphans.erase(orphans.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
-    }
-  }
+
+// True when the engine is done with the handle's arrays. Anything but "still running" (psdSuccess
+// with done = 0) ends the borrowing: a failed exchange reports its error with done = 1, and a
+// handle the registry no longer knows (its communicator was finalized) has nothing running.
+bool Finished(psdHandle_t h) {
+  int done = 0;
+  return psdTest(h, &done) != psdSuccess || done != 0;
 }
 
+// Exchanges still running when a communicator went away without stopping them (it never
+// happens after a clean destroy, which fails what is pending): their arrays stay referenced for
+// the life of the process rather than be freed under the engine. Never freed.
+std::vector<Inflight>& Abandoned() {
+  static auto* abandoned = new std::vector<Inflight>();
+  return *abandoned;
+}
+
+// A submission's Python face. While it lives it keeps its arrays; freed (del, free, garbage
+// collection) before the exchange completes, it hands them and the C handle to its Comm, which
+// lets them go, with the GIL held, once the exchange is done (Comm::Reap, at every submit, wait,
+// test and destroy). It also holds its Comm's Python object, so the Comm outlives it.
 class Handle {
  public:
-  Handle(psdHandle_t h, std::vector<py::object> keep) : h_(h), keep_(std::move(keep)) {}
+  Handle(Comm* comm, py::object comm_obj, Inflight in)
+      : comm_(comm), comm_obj_(std::move(comm_obj)), in_(std::move(in)) {}
   ~Handle() { Release(); }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
   // True when complete; raises the exchange's error. See TimeoutMs for the timeout.
-  bool Wait(py::handle timeout) {
-    Live("wait");
-    ReapOrphans();
-    const long long timeout_ms = TimeoutMs(timeout);
-    psdResult_t r;
-    {
-      py::gil_scoped_release release;
-      r = psdWait(h_, timeout_ms);
-    }
-    if (r == psdTimeout) return false;
-    Check(r);
-    return true;
-  }
-  bool Test() {
-    Live("test");
-    ReapOrphans();
-    int done = 0;
-    Check(psdTest(h_, &done));
-    return done != 0;
-  }
-  // Frees the handle; an exchange still running keeps its arrays (see Orphans) until done.
+  bool Wait(py::handle timeout);
+  // True when done (never blocks); raises the exchange's error.
+  bool Test();
+  // Frees the handle; an exchange still running keeps its arrays (in its Comm) until done.
   void Free() { Release(); }
 
  private:
-  void Release() {
-    if (h_ == nullptr) return;
-    int done = 0;
-    if (psdTest(h_, &done) == psdSuccess && !done) {
-      Orphans().push_back(Orphan{h_, std::move(keep_)});
-    } else {
-      psdHandleFree(h_);
-    }
-    h_ = nullptr;
-    keep_.clear();
-    ReapOrphans();
+  void Release();
+  void Live(const char* what) const {
+    if (in_.h == nullptr) BadArg(std::string("Handle.") + what + ": the handle was freed");
   }
-  void Live(const char* what) {
-    if (h_ == nullptr) BadArg(std::string("Handle.") + what + ": the handle was freed");
-  }
-  psdHandle_t h_;
-  std::vector<py::object> keep_;  // the arrays the exchange borrows
+  Comm* comm_;
+  py::object comm_obj_;  // keeps comm_ alive
+  Inflight in_;
 };
 
 class Comm {
@@ -290,12 +301,20 @@ class Comm {
       Check(psdCommInitFromMpi(mc, &c_));
     }
   }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
   ~Comm() {
+    // No Handle is left (each holds this Comm); destroying fails what the engine still has.
     if (c_ != nullptr) psdCommDestroy(c_);
-    ReapOrphans();  // the engine failed what was pending: their arrays can go
+    Reap();
+    for (Inflight& in : orphans_) Abandoned().push_back(std::move(in));
+    orphans_.clear();
   }
   void Destroy() {
-    if (c_ == nullptr) return;
+    if (c_ == nullptr) {
+      Reap();
+      return;
+    }
     psdComm_t c = c_;
     c_ = nullptr;
     psdResult_t r;
@@ -303,9 +322,24 @@ class Comm {
       py::gil_scoped_release release;
       r = psdCommDestroy(c);
     }
-    ReapOrphans();
+    Reap();  // the engine failed what was pending: those arrays can go
     Check(r);
   }
+  // Takes over the arrays of a freed handle whose exchange still runs.
+  void Adopt(Inflight in) { orphans_.push_back(std::move(in)); }
+  // Lets go of the arrays (and C handles) of freed handles whose exchange is done. GIL held.
+  void Reap() {
+    for (size_t i = 0; i < orphans_.size();) {
+      if (Finished(orphans_[i].h)) {
+        psdHandleFree(orphans_[i].h);
+        orphans_.erase(orphans_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  // Freed handles whose arrays are still held (tests).
+  size_t NumHeld() const { return orphans_.size(); }
   psdComm_t get() const {
     if (c_ == nullptr) BadArg("the communicator was destroyed");
     return c_;
@@ -428,7 +462,7 @@ class Comm {
       if (layers_.size() <= static_cast<size_t>(id)) layers_.resize(static_cast<size_t>(id) + 1);
       size_t count = 1;
       for (size_t d : shape) count *= d;
-      layers_[static_cast<size_t>(id)] = LayerShape{name, shape, count};
+      layers_[static_cast<size_t>(id)] = LayerShape{true, name, shape, count, cfg.kind};
     }
     return id;
   }
@@ -450,79 +484,92 @@ class Comm {
   }
   int NumLayers() const { return Int(psdNumLayers); }
 
-  std::unique_ptr<Handle> Submit(int layer, py::handle grad, py::handle params, py::handle u,
-                                 py::handle v) {
-    std::vector<py::object> keep;
+  // Checks every array against the layer before anything reaches the C API (a short array
+  // would be overrun by the engine on every rank); a refused argument fails the engine on every
+  // rank (SubmitChecks) and raises InvalidArgumentError here.
+  std::unique_ptr<Handle> Submit(py::object self, int layer, py::handle grad, py::handle params,
+                                 py::handle u, py::handle v) {
+    psdComm_t c = get();
+    Reap();
+    Inflight in;
     float *g = nullptr, *p = nullptr;
     const float *uu = nullptr, *vv = nullptr;
     size_t batch = 0;
-    ReapOrphans();
-    size_t counts[4] = {0, 0, 0, 0};  // grad, params, u, v
-    auto f32 = [&](py::handle obj, const char* what, bool writable, size_t* count) -> float* {
-      if (obj.is_none()) return nullptr;
-      View view = ToView(obj, what, writable);
-      *count = view.count;
-      if (view.dtype != psdFloat32) BadArg(std::string(what) + ": expected float32 elements");
-      if (view.memory != psdMemHost) {
-        BadArg(std::string(what) +
-               ": the engine exchanges host memory here; expected a CPU "
-               "array or tensor");
-      }
-      keep.push_back(py::reinterpret_borrow<py::object>(obj));
-      return static_cast<float*>(view.data);
-    };
     SubmitChecks([&] {
-      g = f32(grad, "submit: grad", true, &counts[0]);
-      p = f32(params, "submit: params", true, &counts[1]);
-      uu = f32(u, "submit: u", false, &counts[2]);
-      vv = f32(v, "submit: v", false, &counts[3]);
-      size_t u_cols = 0, v_cols = 0;
-      if (uu != nullptr) {
-        View uv = ToView(u, "submit: u", false);
-        if (uv.shape.size() != 2) BadArg("submit: u must be 2-D (batch x M)");
-        batch = uv.shape[0];
-        u_cols = uv.shape[1];
-        View vv2 = ToView(v, "submit: v", false);
-        if (vv2.shape.size() != 2 || vv2.shape[0] != batch) {
-          BadArg("submit: v must be 2-D with as many rows as u (" + std::to_string(batch) + ")");
-        }
-        v_cols = vv2.shape[1];
+      if (layer < 0 || static_cast<size_t>(layer) >= layers_.size() ||
+          !layers_[static_cast<size_t>(layer)].known) {
+        BadArg("Comm.submit: layer " + std::to_string(layer) + " is not registered; expected " +
+               (layers_.empty() ? std::string("register_layer first")
+                                : "0.." + std::to_string(layers_.size() - 1)));
       }
-      // The engine reads and writes exactly the layer's elements: a shorter array would be
-      // overrun (a crash on every rank, or silent corruption).
-      if (layer >= 0 && static_cast<size_t>(layer) < layers_.size()) {
-        const LayerShape& want = layers_[static_cast<size_t>(layer)];
-        const std::string at = "submit: layer " + std::to_string(layer) + " (" + want.name + ")";
-        if (g != nullptr && counts[0] != want.count) {
-          BadArg(at + ": grad has " + std::to_string(counts[0]) + " elements; expected " +
-                 std::to_string(want.count));
+      const LayerShape& want = layers_[static_cast<size_t>(layer)];
+      const std::string at =
+          "Comm.submit(layer " + std::to_string(layer) + " '" + want.name + "'): ";
+      auto f32 = [&](py::handle obj, const char* name, bool writable) -> View {
+        const std::string what = at + name;
+        View view = ToView(obj, what.c_str(), writable);
+        if (view.dtype != psdFloat32) {
+          BadArg(what + " has dtype " + DTypeName(view.dtype) + "; expected float32 elements");
         }
-        if (p != nullptr && counts[1] != want.count) {
-          BadArg(at + ": params has " + std::to_string(counts[1]) + " elements; expected " +
-                 std::to_string(want.count));
+        if (view.memory != psdMemHost) {
+          BadArg(what + " is a tensor on " + view.device +
+                 "; expected host memory (a CPU array or tensor): the engine exchanges host "
+                 "buffers, so copy it with .cpu() and back");
         }
-        if (uu != nullptr) {
-          if (want.shape.size() != 2) {
-            BadArg(at + ": factors u, v given for a layer of " + std::to_string(want.shape.size()) +
-                   " dimensions; expected a fully connected layer (2-D, M x N)");
-          }
-          if (u_cols != want.shape[0] || v_cols != want.shape[1]) {
-            BadArg(at + ": factors are " + std::to_string(batch) + " x " + std::to_string(u_cols) +
-                   " and " + std::to_string(batch) + " x " + std::to_string(v_cols) +
-                   "; expected batch x " + std::to_string(want.shape[0]) + " and batch x " +
-                   std::to_string(want.shape[1]));
-          }
+        in.keep.push_back(py::reinterpret_borrow<py::object>(obj));
+        return view;
+      };
+      auto count_is = [&](const View& view, const char* name) {
+        if (view.count != want.count) {
+          BadArg(at + name + " has " + std::to_string(view.count) + " elements; expected " +
+                 std::to_string(want.count) + " (layer shape " + ShapeText(want.shape) + ")");
         }
+      };
+      if (grad.is_none()) {
+        BadArg(at + "grad is None; expected a float32 array of " + std::to_string(want.count) +
+               " elements");
       }
+      View gv = f32(grad, "grad", true);
+      count_is(gv, "grad");
+      g = static_cast<float*>(gv.data);
+      if (!params.is_none()) {
+        View pv = f32(params, "params", true);
+        count_is(pv, "params");
+        p = static_cast<float*>(pv.data);
+      }
+      if (u.is_none() != v.is_none()) {
+        BadArg(at + (u.is_none() ? "v is given without u" : "u is given without v") +
+               "; expected both factors (K x M and K x N) or neither");
+      }
+      if (u.is_none()) return;
+      if (want.kind != psdLayerFullyConnected || want.shape.size() != 2) {
+        BadArg(at + "factors u, v given for a layer registered as " +
+               (want.kind == psdLayerFullyConnected ? "fc" : "non-fc") + " of shape " +
+               ShapeText(want.shape) + "; expected an fc layer of shape M x N");
+      }
+      View uv = f32(u, "u", false);
+      View vv2 = f32(v, "v", false);
+      const size_t m = want.shape[0], n = want.shape[1];
+      if (uv.shape.size() != 2 || uv.shape[1] != m) {
+        BadArg(at + "u has shape " + ShapeText(uv.shape) + "; expected K x " + std::to_string(m) +
+               " (K x M for layer shape " + ShapeText(want.shape) + ")");
+      }
+      batch = uv.shape[0];
+      if (vv2.shape.size() != 2 || vv2.shape[0] != batch || vv2.shape[1] != n) {
+        BadArg(at + "v has shape " + ShapeText(vv2.shape) + "; expected " + std::to_string(batch) +
+               " x " + std::to_string(n) + " (K x N, K = " + std::to_string(batch) +
+               " as u, for layer shape " + ShapeText(want.shape) + ")");
+      }
+      uu = static_cast<const float*>(uv.data);
+      vv = static_cast<const float*>(vv2.data);
     });
-    psdHandle_t h = nullptr;
     psdResult_t r;
     {
       py::gil_scoped_release release;
-      r = psdSubmit(get(), layer, g, p, uu, vv, batch, &h);
+      r = psdSubmit(c, layer, g, p, uu, vv, batch, &in.h);
     }
-    Check(r, get());
-    return std::make_unique<Handle>(h, std::move(keep));
+    Check(r, c);
+    return std::make_unique<Handle>(this, std::move(self), std::move(in));
   }
 
   std::string AsyncError() const {
@@ -583,12 +630,50 @@ class Comm {
   psdComm_t c_ = nullptr;
   // What register_layer was given, by layer id: submit checks the arrays against it.
   struct LayerShape {
+    bool known = false;
     std::string name;
     std::vector<size_t> shape;
     size_t count = 0;
+    psdLayerKind_t kind = psdLayerDense;
   };
   std::vector<LayerShape> layers_;
+  // Freed handles whose exchange still ran: their C handles and arrays, until Reap sees them
+  // done.
+  std::vector<Inflight> orphans_;
 };
+
+bool Handle::Wait(py::handle timeout) {
+  Live("wait");
+  comm_->Reap();
+  const long long timeout_ms = TimeoutMs(timeout);
+  psdResult_t r;
+  {
+    py::gil_scoped_release release;
+    r = psdWait(in_.h, timeout_ms);
+  }
+  if (r == psdTimeout) return false;
+  Check(r);
+  return true;
+}
+
+bool Handle::Test() {
+  Live("test");
+  comm_->Reap();
+  int done = 0;
+  Check(psdTest(in_.h, &done));
+  return done != 0;
+}
+
+void Handle::Release() {
+  if (in_.h == nullptr) return;
+  if (Finished(in_.h)) {
+    psdHandleFree(in_.h);  // done: the arrays go with in_ below
+  } else {
+    comm_->Adopt(std::move(in_));  // still running: the Comm keeps the arrays until done
+  }
+  in_ = Inflight{};
+  comm_->Reap();
+}
 
 }  // namespace
 
@@ -685,8 +770,17 @@ PYBIND11_MODULE(_poseidon, m) {
       .def("build_plan", &Comm::BuildPlan, py::arg("batch"))
       .def("plan", &Comm::Plan)
       .def("layer_strategy", &Comm::LayerStrategy, py::arg("layer"))
-      .def("submit", &Comm::Submit, py::arg("layer"), py::arg("grad"),
-           py::arg("params") = py::none(), py::arg("u") = py::none(), py::arg("v") = py::none())
+      .def(
+          "submit",
+          [](py::object self, int layer, py::handle grad, py::handle params, py::handle u,
+             py::handle v) {
+            Comm& comm = self.cast<Comm&>();
+            return comm.Submit(self, layer, grad, params, u, v);
+          },
+          py::arg("layer"), py::arg("grad"), py::arg("params") = py::none(),
+          py::arg("u") = py::none(), py::arg("v") = py::none())
       .def("async_error", &Comm::AsyncError)
+      .def_property_readonly("_num_held", &Comm::NumHeld,
+                             "Freed handles whose exchange still runs (their arrays are held).")
       .def("destroy", &Comm::Destroy);
 }

@@ -1,8 +1,10 @@
 """The poseidon module on numpy arrays and torch tensors under mpirun: exact collective results
 (rank r contributes (r + 1) * f(i)), zero-copy in-place updates, submit/wait through the engine,
 and the errors raised for bad arrays and arguments."""
+import gc
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -22,13 +24,16 @@ def check(cond, what):
         failures.append(what)
 
 
-def expect_error(exc, fn, text):
+def expect_error(exc, fn, texts):
+    """fn() raises exc whose message contains each of texts (a string or a tuple)."""
+    texts = (texts,) if isinstance(texts, str) else texts
     try:
         fn()
     except exc as e:
-        check(text in str(e), "message %r lacks %r" % (str(e), text))
+        for text in texts:
+            check(text in str(e), "message %r lacks %r" % (str(e), text))
         return
-    failures.append("no %s for %s" % (exc.__name__, text))
+    failures.append("no %s for %s" % (exc.__name__, texts))
 
 
 comm = poseidon.init()
@@ -164,59 +169,185 @@ expect_error(poseidon.InvalidArgumentError,
 expect_error(poseidon.InvalidArgumentError, lambda: comm.register_layer("x", [4], kind="conv"),
              "layer kind 'conv' is unknown")
 expect_error(poseidon.InvalidArgumentError, lambda: poseidon.set_setting("NOPE", "1"), "NOPE")
-# A submission the module refuses on one rank (a float64 gradient) fails the engine on every
-# rank within seconds, not at the stall abort; the peers' message names that rank.
-c3 = poseidon.Comm()
-c3.register_layer("d", [16], strategy="allreduce")
-c3.build_plan(1)
-bad = p - 1
-t0 = time.monotonic()
-if r == bad:
-    expect_error(poseidon.InvalidArgumentError, lambda: c3.submit(0, np.zeros(16, np.float64)),
-                 "expected float32 elements")
-else:
-    h3 = c3.submit(0, np.ones(16, np.float32))
-    expect_error(poseidon.InvalidArgumentError, lambda: h3.wait(30000), "rank %d" % bad)
-    h3.free()
-msg = c3.async_error()
-while msg == "" and time.monotonic() - t0 < 10:
-    time.sleep(0.01)
-    msg = c3.async_error()
-check("rank %d" % bad in msg and "expected float32 elements" in msg,
-      "async error %r names rank %d and the cause" % (msg, bad))
-check(time.monotonic() - t0 < 10, "one rank's refused submit failed every rank fast")
-c3.destroy()
-
-# Freeing a handle while its exchange runs: the arrays it borrows stay alive until the
-# exchange is done (before, `del h` on a 16 MiB layer crashed every rank). The array here is
-# referenced only by the handle.
-c4 = poseidon.Comm()
+# Comm.submit, 1: a handle dropped (del, a collected reference cycle) while its exchange runs
+# keeps its arrays in its Comm until the exchange is done (before, `del h` on a 16 MiB layer
+# crashed every rank); the other handles' waits and a barrier still work, with exact results.
 big = 4 * 1024 * 1024
-c4.register_layer("big", [big], strategy="allreduce")
-c4.register_layer("fc", [64, 32], kind="fc", strategy="allreduce")
-c4.build_plan(8)
-for _ in range(3):
-    h4 = c4.submit(0, np.full(big, r + 1.0, np.float32))
-    del h4
-    h4 = c4.submit(0, np.full(big, 1.0, np.float32))
-    h4.free()
-kept = np.full(big, 2.0, np.float32)
-h4 = c4.submit(0, kept)
-check(h4.wait(60000), "a submit after freed running handles completes")
-check(np.all(kept == 2.0), "and its values are exact (got %r)" % kept[:3])
-# Arrays of the wrong size for the layer: a clear error on the rank that passed them, never an
-# overrun (before, a 10-float grad for a 4M layer crashed every rank).
-expect_error(poseidon.InvalidArgumentError, lambda: c4.submit(0, np.zeros(10, np.float32)),
-             "grad has 10 elements; expected %d" % big)
-c4.destroy()
-c5 = poseidon.Comm()
-c5.register_layer("fc", [64, 32], kind="fc", strategy="allreduce")
-c5.build_plan(8)
-expect_error(poseidon.InvalidArgumentError,
-             lambda: c5.submit(0, np.zeros(64 * 32, np.float32), u=np.zeros((8, 32), np.float32),
-                               v=np.zeros((8, 64), np.float32)),
-             "factors are 8 x 32 and 8 x 64; expected batch x 64 and batch x 32")
-c5.destroy()
+avg = (p + 1) / 2
+cA = poseidon.Comm()
+cA.register_layer("big0", [big], strategy="allreduce")
+cA.register_layer("big1", [big], strategy="allreduce")
+cA.register_layer("small", [1000], strategy="allreduce")
+cA.build_plan(8)
+dropped = []
+for it in range(4):
+    # Rank 0 submits and drops its handle while the peers are 0.3 s from submitting: at np > 1
+    # that exchange is certainly still running when the handle goes.
+    held = p > 1 and it == 0
+    if held and r != 0:
+        time.sleep(0.3)
+    a = np.full(big, r + 1.0, np.float32) if it % 2 == 0 else torch.full((big,), r + 1.0)
+    dropped.append(weakref.ref(a))
+    h0 = cA.submit(0, a)
+    del a
+    if it == 3:  # the handle in a reference cycle, freed by the cycle collector
+        box = [h0]
+        box.append(box)
+        del box
+    del h0
+    gc.collect()
+    if held and r == 0:
+        check(dropped[-1]() is not None and cA._num_held >= 1,
+              "a dropped handle's array is kept while its exchange runs")
+    t1 = torch.full((big,), r + 1.0)
+    h1 = cA.submit(1, t1)
+    s = ((r + 1) * f[:1000]).astype(np.float32)
+    h2 = cA.submit(2, s)
+    junk = [np.full(big, -7.0, np.float32) for _ in range(2)]  # may reuse freed memory
+    check(h1.wait(60000) and h2.wait(60000), "waits after a dropped handle complete")
+    check(bool(torch.all(t1 == avg)), "big average after a dropped handle")
+    check(np.array_equal(s, (avg * f[:1000]).astype(np.float32)),
+          "small average after a dropped handle")
+    del junk
+    cA.barrier()
+# Once their exchanges are done the dropped arrays are let go (reaped at submit / wait): the
+# ranks agree on when to stop, so they make the same submissions.
+for _ in range(500):
+    g = np.ones(1000, np.float32)
+    cA.submit(2, g).wait(60000)
+    left = np.array([cA._num_held + sum(w() is not None for w in dropped)], np.int64)
+    comm.allreduce(left, left)
+    if left[0] == 0:
+        break
+    time.sleep(0.01)
+check(left[0] == 0, "dropped arrays released once their exchanges are done (%d left)" % left[0])
+hF = cA.submit(2, np.ones(1000, np.float32))
+hF.wait()
+hF.free()
+expect_error(poseidon.InvalidArgumentError, lambda: hF.wait(), "the handle was freed")
+cA.destroy()
+expect_error(poseidon.InvalidArgumentError, lambda: cA.submit(2, np.ones(1000, np.float32)),
+             "destroyed")
+# A handle keeps its Comm: the last reference to the Comm dropped while an exchange runs.
+cB = poseidon.Comm()
+cB.register_layer("big", [big], strategy="allreduce")
+cB.build_plan(8)
+gB = np.full(big, r + 1.0, np.float32)
+hB = cB.submit(0, gB)
+del cB
+gc.collect()
+check(hB.wait(60000) and np.all(gB == avg), "a handle keeps its Comm alive")
+del hB  # the Comm's last reference: destroyed here, at the same point on every rank
+
+
+# Comm.submit, 2: every array is checked against the layer before anything reaches the engine;
+# the caller gets an InvalidArgumentError naming the call, the argument, its value and what was
+# expected. A bad argument on every rank: each rank raises (its engine fails everywhere; a
+# re-plan starts a new one).
+class FakeCudaTensor:
+    """Looks like a CUDA float32 torch tensor (this build and machine have no GPU)."""
+
+    def __init__(self, n):
+        self.shape = (n,)
+        self.dtype = torch.float32
+        self.device = torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return 0
+
+    def is_contiguous(self):
+        return True
+
+    def numel(self):
+        return self.shape[0]
+
+
+cC = poseidon.Comm()
+cC.register_layer("big", [big], strategy="allreduce")
+cC.register_layer("fc", [64, 32], kind="fc", strategy="sfb")
+cC.register_layer("w2d", [64, 32], strategy="allreduce")
+cC.build_plan(8)
+ro = np.zeros(big, np.float32)
+ro.flags.writeable = False
+g2k = np.zeros(64 * 32, np.float32)
+u8, v8 = np.zeros((8, 64), np.float32), np.zeros((8, 32), np.float32)
+at0, at1, at2 = "Comm.submit(layer 0 'big'): ", "Comm.submit(layer 1 'fc'): ", \
+    "Comm.submit(layer 2 'w2d'): "
+bad_args = [
+    (lambda: cC.submit(0, np.zeros(10, np.float32)),
+     at0 + "grad has 10 elements; expected %d (layer shape %d)" % (big, big)),
+    (lambda: cC.submit(0, np.zeros(big, np.float32), params=np.zeros(big - 1, np.float32)),
+     at0 + "params has %d elements; expected %d" % (big - 1, big)),
+    (lambda: cC.submit(0, np.zeros(big, np.float64)),
+     at0 + "grad has dtype float64; expected float32"),
+    (lambda: cC.submit(0, torch.zeros(big, dtype=torch.float16)),
+     at0 + "grad has dtype float16; expected float32"),
+    (lambda: cC.submit(0, np.zeros(2 * big, np.float32)[::2]),
+     at0 + "grad: array is not C-contiguous"),
+    (lambda: cC.submit(1, torch.zeros(64, 32).t()), at1 + "grad: tensor is not contiguous"),
+    (lambda: cC.submit(0, ro), at0 + "grad: array is read-only; expected a writable array"),
+    (lambda: cC.submit(0, np.zeros(big, np.float32), params=ro),
+     at0 + "params: array is read-only"),
+    (lambda: cC.submit(0, FakeCudaTensor(big)),
+     at0 + "grad is a tensor on cuda; expected host memory"),
+    (lambda: cC.submit(0, None), at0 + "grad is None; expected a float32 array of %d" % big),
+    (lambda: cC.submit(0, [0.0] * 10), at0 + "grad: <class 'list'> is neither a buffer"),
+    (lambda: cC.submit(7, np.zeros(10, np.float32)),
+     "Comm.submit: layer 7 is not registered; expected 0..2"),
+    (lambda: cC.submit(1, g2k, u=np.zeros((8, 32), np.float32), v=v8),
+     at1 + "u has shape 8 x 32; expected K x 64 (K x M for layer shape 64 x 32)"),
+    (lambda: cC.submit(1, g2k, u=np.zeros(64, np.float32), v=v8), at1 + "u has shape 64;"),
+    (lambda: cC.submit(1, g2k, u=u8, v=np.zeros((4, 32), np.float32)),
+     at1 + "v has shape 4 x 32; expected 8 x 32 (K x N, K = 8 as u"),
+    (lambda: cC.submit(1, g2k, u=u8), at1 + "u is given without v"),
+    (lambda: cC.submit(1, g2k, v=v8), at1 + "v is given without u"),
+    (lambda: cC.submit(1, g2k, u=u8.astype(np.float64), v=v8), at1 + "u has dtype float64"),
+    (lambda: cC.submit(2, g2k, u=u8, v=v8),
+     at2 + "factors u, v given for a layer registered as non-fc of shape 64 x 32"),
+]
+for call, text in bad_args:
+    expect_error(poseidon.InvalidArgumentError, call, text)
+    cC.build_plan(8)
+# Read-only factors are fine (only read); the sfb exchange averages u^T v over the ranks.
+u_ro, v_ro = np.full((8, 64), r + 1.0, np.float32), np.ones((8, 32), np.float32)
+u_ro.flags.writeable = v_ro.flags.writeable = False
+gfc = np.zeros((64, 32), np.float32)
+check(cC.submit(1, gfc, u=u_ro, v=v_ro).wait(60000) and np.all(gfc == 8 * avg),
+      "sfb with read-only factors")
+
+# Comm.submit, 3: a bad argument on one rank only fails every rank within seconds (not at the
+# stall abort): the peers' pending handles raise InvalidArgumentError naming that rank and the
+# problem, and so does their async_error (the bad rank's names the problem).
+one_rank = [
+    (lambda: cC.submit(0, np.zeros(10, np.float32)), "grad has 10 elements; expected %d" % big),
+    (lambda: cC.submit(0, np.zeros(big, np.float64)), "grad has dtype float64"),
+    (lambda: cC.submit(0, np.zeros(2 * big, np.float32)[::2]), "grad: array is not C-contiguous"),
+    (lambda: cC.submit(0, ro), "grad: array is read-only"),
+    (lambda: cC.submit(0, FakeCudaTensor(big)), "grad is a tensor on cuda"),
+]
+for i, (call, text) in enumerate(one_rank):
+    bad = (p - 1 - i) % p
+    t0 = time.monotonic()
+    if r == bad:
+        expect_error(poseidon.InvalidArgumentError, call, text)
+    else:
+        gp = np.ones(big, np.float32)
+        hp = cC.submit(0, gp)
+        expect_error(poseidon.InvalidArgumentError, lambda: hp.wait(30000),
+                     ("failed on rank %d" % bad, text))
+        del hp
+    msg = cC.async_error()
+    while msg == "" and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+        msg = cC.async_error()
+    check(text in msg and (r == bad or "failed on rank %d" % bad in msg),
+          "async error %r names rank %d and %r" % (msg, bad, text))
+    check(time.monotonic() - t0 < 10, "one rank's refused submit failed every rank fast")
+    cC.build_plan(8)
+gC = np.full(big, r + 1.0, np.float32)
+check(cC.submit(0, gC).wait(60000) and np.all(gC == avg), "an exchange after the errors")
+cC.destroy()
+
 
 c2 = poseidon.Comm()
 c2.destroy()
