@@ -8,6 +8,7 @@
 
 #include "runtime/arg_check.h"
 #include "runtime/half.h"
+#include "runtime/mpi_internal.h"
 #include "runtime/settings.h"
 #include "runtime/shm_collectives.h"
 
@@ -25,7 +26,7 @@ MPI_Datatype ToMpiType(DType dtype) {
   return MPI_DATATYPE_NULL;
 }
 
-namespace {
+namespace mpi_internal {
 
 constexpr size_t kMaxMpiCount = static_cast<size_t>(INT_MAX);
 
@@ -65,87 +66,13 @@ Status CheckCounts(const char* call, const std::vector<size_t>& counts, int worl
   return Status::Ok();
 }
 
-
-// Scratch a call's MPI collective reads or writes besides the caller's buffers. Held through a
-// shared_ptr so that an abandoned call can hand it to AbandonMpi: MPI may still use it.
-struct Scratch {
-  std::vector<float> wide;  // float16 / bfloat16 widened to float32 (and reduce-scatter output)
-  // The send side of a non-blocking allreduce asked in place: Open MPI 4.1's non-blocking
-  // allreduce (libnbc) takes reduce + broadcast for MPI_IN_PLACE at any size and P, 1.5-1.8x
-  // slower than out of place at 1-4 MiB on shared memory, 2.5x on the emulated 1 Gbit/s
-  // cluster at P = 8 (bench/RESULTS.md, "Engine v2"); a copy costs far less.
-  std::vector<unsigned char> send;
-  std::vector<int> counts;  // MPI may read count / displacement arrays until the call completes
-  std::vector<int> displs;
-};
-
-// A valid pointer for an empty send or receive: MPI writes nothing there, but Open MPI wants a
-// pointer, and a posted call may outlive any stack frame.
 char g_empty[16];
 
-// The send buffer of a non-blocking allreduce of `buf` in place: a copy in scratch->send (see
-// Scratch::send for why).
 const void* OutOfPlaceSend(Scratch* scratch, const void* buf, size_t bytes) {
   const auto* b = static_cast<const unsigned char*>(buf);
   scratch->send.assign(b, b + bytes);
   return scratch->send.empty() ? static_cast<const void*>(g_empty) : scratch->send.data();
 }
-
-// A request wrapping one MPI_Request, with an optional completion step (narrowing halves).
-class MpiRequest : public Request {
- public:
-  MpiRequest(const char* name, std::shared_ptr<StickyError> sticky)
-      : name_(name), sticky_(std::move(sticky)) {}
-  MPI_Request* handle() { return &req_; }
-  Scratch& scratch() { return *scratch_; }
-  void set_finish(std::function<void()> f) { finish_ = std::move(f); }
-
-  using Request::Wait;
-  Result<bool> Test() override {
-    if (done_) return true;
-    PSD_CHECK(failure_);
-    int flag = 0;
-    int rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return MpiError(StrCat(name_, ": MPI_Test").c_str(), rc);
-    if (flag) Complete();
-    return done_;
-  }
-  Status Wait(const Interrupt* interrupt) override {
-    if (done_) return Status::Ok();
-    PSD_CHECK(failure_);
-    Status s = WaitOrAbandon(&req_, scratch_, MpiWait{interrupt, name_, sticky_.get()});
-    if (!s.ok()) {
-      failure_ = s;
-      return s;
-    }
-    Complete();
-    return Status::Ok();
-  }
-  ~MpiRequest() override {
-    if (done_ || req_ == MPI_REQUEST_NULL) return;
-    // A request dropped while pending must complete before its scratch is freed. Once its
-    // backend has given up on a call, though, it may never complete: leave it to MPI with its
-    // scratch instead of blocking the owner's thread for good.
-    if (sticky_->failed()) {
-      AbandonMpi(req_, scratch_);
-      return;
-    }
-    MPI_Wait(&req_, MPI_STATUS_IGNORE);
-  }
-
- private:
-  void Complete() {
-    done_ = true;
-    if (finish_) finish_();
-  }
-  MPI_Request req_ = MPI_REQUEST_NULL;
-  std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();
-  std::function<void()> finish_;
-  const char* name_;
-  std::shared_ptr<StickyError> sticky_;
-  Status failure_;  // why an earlier Wait gave up (the request is then abandoned)
-  bool done_ = false;
-};
 
 std::vector<int> ToInts(const std::vector<size_t>& v) {
   std::vector<int> out(v.size());
@@ -162,7 +89,18 @@ std::vector<int> Displacements(const std::vector<size_t>& counts) {
   return d;
 }
 
-}  // namespace
+}  // namespace mpi_internal
+
+using mpi_internal::CheckBuffer;
+using mpi_internal::CheckCounts;
+using mpi_internal::CheckFitsInt;
+using mpi_internal::Displacements;
+using mpi_internal::g_empty;
+using mpi_internal::Narrow;
+using mpi_internal::OutOfPlaceSend;
+using mpi_internal::Scratch;
+using mpi_internal::ToInts;
+using mpi_internal::Widen;
 
 MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
@@ -567,96 +505,6 @@ Status MpiBackend::Barrier() {
   int rc = MPI_Barrier(comm_);
   if (rc != MPI_SUCCESS) return MpiError("MPI_Barrier", rc);
   return Status::Ok();
-}
-
-Result<std::unique_ptr<Request>> MpiBackend::IAllReduce(const void* send, void* recv,
-                                                        size_t count, DType dtype,
-                                                        const CallOptions& opts) {
-  const char* call = "IAllReduce";
-  PSD_CHECK(sticky_->Check("MpiBackend::IAllReduce"));
-  PSD_CHECK(CheckDType(call, dtype));
-  PSD_CHECK(CheckMemory(call, opts));
-  PSD_CHECK(CheckBuffer(call, "send", send, count));
-  PSD_CHECK(CheckBuffer(call, "recv", recv, count));
-  PSD_CHECK(CheckFitsInt(call, count));
-  auto req = std::make_unique<MpiRequest>("MpiBackend::IAllReduce", sticky_);
-  int rc;
-  if (IsHalfDType(dtype)) {
-    auto& wide = req->scratch().wide;
-    wide.resize(count);
-    Widen(dtype, send, wide.data(), count);
-    const void* copy = OutOfPlaceSend(&req->scratch(), wide.data(), count * sizeof(float));
-    rc = MPI_Iallreduce(copy, wide.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_,
-                        req->handle());
-    Scratch* scratch = &req->scratch();
-    req->set_finish(
-        [scratch, dtype, recv, count] { Narrow(dtype, scratch->wide.data(), recv, count); });
-  } else {
-    const void* src =
-        send == recv ? OutOfPlaceSend(&req->scratch(), recv, count * DTypeSize(dtype)) : send;
-    rc = MPI_Iallreduce(src, recv, static_cast<int>(count), ToMpiType(dtype), MPI_SUM, comm_,
-                        req->handle());
-  }
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Iallreduce", rc);
-  return std::unique_ptr<Request>(std::move(req));
-}
-
-Result<std::unique_ptr<Request>> MpiBackend::IReduceScatter(const void* send, void* recv,
-                                                            const std::vector<size_t>& counts,
-                                                            DType dtype,
-                                                            const CallOptions& opts) {
-  const char* call = "IReduceScatter";
-  PSD_CHECK(sticky_->Check("MpiBackend::IReduceScatter"));
-  PSD_CHECK(CheckDType(call, dtype));
-  PSD_CHECK(CheckMemory(call, opts));
-  PSD_CHECK(CheckCounts(call, counts, size_));
-  size_t total = SumCounts(counts);
-  size_t mine = counts[static_cast<size_t>(rank_)];
-  PSD_CHECK(CheckBuffer(call, "send", send, total));
-  PSD_CHECK(CheckBuffer(call, "recv", recv, mine));
-  auto req = std::make_unique<MpiRequest>("MpiBackend::IReduceScatter", sticky_);
-  std::vector<int>& c = req->scratch().counts;
-  c = ToInts(counts);
-  int rc;
-  if (IsHalfDType(dtype)) {
-    auto& wide = req->scratch().wide;
-    wide.resize(total + mine);  // [0, total): widened input, [total, total + mine): output
-    Widen(dtype, send, wide.data(), total);
-    rc = MPI_Ireduce_scatter(wide.data(), wide.data() + total, c.data(), MPI_FLOAT, MPI_SUM,
-                             comm_, req->handle());
-    Scratch* scratch = &req->scratch();
-    req->set_finish([scratch, dtype, recv, total, mine] {
-      Narrow(dtype, scratch->wide.data() + total, recv, mine);
-    });
-  } else {
-    rc = MPI_Ireduce_scatter(send == nullptr ? g_empty : send, recv == nullptr ? g_empty : recv,
-                             c.data(), ToMpiType(dtype), MPI_SUM, comm_, req->handle());
-  }
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Ireduce_scatter", rc);
-  return std::unique_ptr<Request>(std::move(req));
-}
-
-Result<std::unique_ptr<Request>> MpiBackend::IAllGatherV(const void* send, void* recv,
-                                                         const std::vector<size_t>& counts,
-                                                         DType dtype, const CallOptions& opts) {
-  const char* call = "IAllGatherV";
-  PSD_CHECK(sticky_->Check("MpiBackend::IAllGatherV"));
-  PSD_CHECK(CheckDType(call, dtype));
-  PSD_CHECK(CheckMemory(call, opts));
-  PSD_CHECK(CheckCounts(call, counts, size_));
-  size_t total = SumCounts(counts);
-  PSD_CHECK(CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]));
-  PSD_CHECK(CheckBuffer(call, "recv", recv, total));
-  auto req = std::make_unique<MpiRequest>("MpiBackend::IAllGatherV", sticky_);
-  Scratch& scratch = req->scratch();
-  scratch.counts = ToInts(counts);
-  scratch.displs = Displacements(counts);
-  int rc =
-      MPI_Iallgatherv(send == nullptr ? g_empty : send, scratch.counts[static_cast<size_t>(rank_)],
-                      ToMpiType(dtype), recv == nullptr ? g_empty : recv, scratch.counts.data(),
-                      scratch.displs.data(), ToMpiType(dtype), comm_, req->handle());
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Iallgatherv", rc);
-  return std::unique_ptr<Request>(std::move(req));
 }
 
 }  // namespace poseidon
