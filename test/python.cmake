@@ -43,3 +43,5 @@ psd_add_python_mpi_test(python_torch_train
 psd_add_python_mpi_test(python_train_example
                         ${PROJECT_SOURCE_DIR}/examples/python/train_torch.py NP 2 TIMEOUT 120
                         ARGS --steps 40)
+psd_add_python_mpi_test(python_hvd_optimizer
+                        ${CMAKE_CURRENT_SOURCE_DIR}/python/hvd_optimizer_test.py NP 2 4 TIMEOUT 240)
