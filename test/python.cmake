@@ -38,6 +38,16 @@ endfunction()
 
 psd_add_python_mpi_test(python_module ${CMAKE_CURRENT_SOURCE_DIR}/python/module_test.py
                         NP 1 2 4 TIMEOUT 120)
+# poseidonrun (python -m poseidon.run): the mpirun command it builds, and real jobs at np 2 (the
+# POSEIDON_ variables and the world size on every rank, exit codes, --timeout). No OMPI_*
+# variables here: the launcher itself must make mpirun run as root and oversubscribe.
+add_test(NAME python_launcher
+  COMMAND timeout -k 10 150 ${POSEIDON_TEST_PYTHON}
+          ${CMAKE_CURRENT_SOURCE_DIR}/python/launcher_test.py --mpirun ${MPIEXEC_EXECUTABLE})
+set(_psd_launcher_cache ${PROJECT_BINARY_DIR}/test/python-cost-np2.txt)
+set_tests_properties(python_launcher PROPERTIES TIMEOUT 180
+  ENVIRONMENT "PYTHONPATH=${_psd_pythonpath};POSEIDON_COST_CACHE=${_psd_launcher_cache}"
+  LABELS "mpi;python")
 psd_add_python_mpi_test(python_torch_train
                         ${CMAKE_CURRENT_SOURCE_DIR}/python/torch_train_test.py NP 2 4 TIMEOUT 240)
 psd_add_python_mpi_test(python_train_example
