@@ -16,12 +16,13 @@ except ImportError:  # no PyTorch here: skipped (ctest SKIP_RETURN_CODE 77)
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import poseidon
 import poseidon.torch as hvd
+from poseidon.torch._optimizer import _join_optimizers  # hvd.join's work for the optimizers
 
 STEPS = 20
 BATCH = 8
 TOL = 1e-6
+AFTER_JOIN = 2
 IN, HID, OUT = 6, 8, 3
 
 
@@ -60,7 +61,7 @@ class Case:
     def __init__(self, name, opt="sgd", op=hvd.Average, passes=1, predivide=1.0,
                  compression=hvd.Compression.none, sfb=False, clip=False, sync_then_step=False,
                  frozen=False, twice=False, extra=None, aux=None, batch_of=None, lr=0.05,
-                 bcast_state=False):
+                 bcast_state=False, join=False, set_passes=False):
         self.name, self.opt, self.op, self.passes = name, opt, op, passes
         self.predivide, self.compression, self.sfb = predivide, compression, sfb
         self.clip, self.sync_then_step, self.frozen, self.twice = clip, sync_then_step, frozen, \
@@ -68,7 +69,8 @@ class Case:
         self.extra = extra or (lambda rank, step: False)
         self.aux = aux  # None: no aux head; else (rank, step) -> aux output in the loss
         self.batch_of = batch_of or (lambda step: BATCH)
-        self.lr, self.bcast_state = lr, bcast_state
+        self.lr, self.bcast_state, self.join = lr, bcast_state, join
+        self.set_passes = set_passes  # construct with 1 pass, then set_backward_passes_per_step
 
 
 def make(case, rank, lr_scale=1.0):
@@ -134,8 +136,10 @@ def train(case, rank, size, poseidon_side):
                                              if n.endswith("weight") and p.requires_grad})
         opt = hvd.DistributedOptimizer(
             opt, named_parameters=model.named_parameters(), compression=case.compression,
-            backward_passes_per_step=case.passes, op=case.op,
+            backward_passes_per_step=1 if case.set_passes else case.passes, op=case.op,
             gradient_predivide_factor=case.predivide, **kw)
+        if case.set_passes:
+            opt.set_backward_passes_per_step(case.passes)
         # As in Horovod, wrapping starts a fresh state: the rank's own state goes back in, then
         # rank 0's parameters, hyperparameters (lr differs per rank) and state replace it.
         if case.bcast_state:
@@ -144,7 +148,21 @@ def train(case, rank, size, poseidon_side):
         hvd.broadcast_optimizer_state(opt, root_rank=0)
     params = [p for p in model.parameters() if p.requires_grad]
     problems = []
-    for step in range(STEPS):
+    # join: rank r runs out of data after STEPS - 3 r steps and joins (Poseidon) or sends zeros
+    # without stepping (the reference); then every rank trains AFTER_JOIN more steps.
+    mine = STEPS - 3 * rank if case.join else STEPS
+    for step in range(STEPS + (AFTER_JOIN if case.join else 0)):
+        if poseidon_side and case.join and step == mine:
+            last = _join_optimizers()
+            if last != 0:
+                problems.append("join returned %r; expected 0 (the last to join)" % (last,))
+        if mine <= step < STEPS:
+            if not poseidon_side:
+                opt.zero_grad()
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+                reference_exchange(case, params, size)
+            continue
         opt.zero_grad()
         for rep in range(case.passes):
             forward_loss(case, model, rank, step, rep).backward()
@@ -197,6 +215,7 @@ def cases():
         Case("op_sum", op=hvd.Sum, lr=0.02),
         Case("adam_bcast_state", opt="adam", bcast_state=True),
         Case("passes_2", passes=2),
+        Case("set_passes_3", passes=3, set_passes=True),
         Case("unused_some_ranks", extra=some_ranks, aux=aux_in_loss),
         Case("clip_skip_synchronize", clip=True, lr=0.2),
         Case("sync_then_step_sum", op=hvd.Sum, sync_then_step=True, lr=0.02),
@@ -212,7 +231,26 @@ def cases():
         Case("sfb_batch_grows", sfb=True, batch_of=lambda step: BATCH + 4 * (step % 2)),
         Case("sfb_sum", sfb=True, op=hvd.Sum, lr=0.02),
         Case("sfb_predivide_3", sfb=True, predivide=3.0),
+        Case("join_uneven", join=True, extra=some_ranks),
+        Case("join_sfb_passes_2", join=True, sfb=True, passes=2),
     ]
+
+
+def construction_errors():
+    """Refused at construction, on every rank alike (no exchange starts)."""
+    problems = []
+    model = Net()
+    for kw, what in ((dict(op=hvd.Adasum), "Adasum"),
+                     (dict(op=hvd.Sum, gradient_predivide_factor=2.0), "predivide with Sum"),
+                     (dict(process_set=object()), "a process set other than the global one"),
+                     (dict(backward_passes_per_step=0), "backward_passes_per_step 0")):
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters(), **kw)
+            problems.append("%s was accepted" % what)
+        except (ValueError, NotImplementedError, RuntimeError):
+            pass
+    return problems
 
 
 def free_port():
@@ -243,7 +281,8 @@ def main():
             if not d <= TOL:
                 problems.append("parameters differ from the reference by %.3g" % d)
             flat = torch.cat([p.detach().reshape(-1) for p in got.parameters()])
-            if not torch.equal(hvd.broadcast(flat, 0), flat):
+            # (After a join the ranks differ: a joined rank does not step, as in Horovod.)
+            if not case.join and not torch.equal(hvd.broadcast(flat, 0), flat):
                 problems.append("ranks hold different parameters")
         except Exception as e:  # noqa: BLE001 (reported, then the job fails)
             d = float("nan")
@@ -260,6 +299,14 @@ def main():
             print("%-24s %s  max |param - reference| = %.3g  (%.1f s)"
                   % (case.name, "ok  " if bad == 0 else "FAIL", worst, time.time() - t0),
                   flush=True)
+    problems = construction_errors()
+    for p in problems:
+        print("rank %d: construction_errors: FAIL %s" % (rank, p), file=sys.stderr)
+    bad = hvd.allreduce(torch.tensor([float(len(problems))]), op=hvd.Sum).item()
+    failures += int(bad > 0)
+    if rank == 0:
+        print("%-24s %s  Adasum, predivide with Sum, other process sets, 0 passes refused"
+              % ("construction_errors", "ok  " if bad == 0 else "FAIL"))
     dist.destroy_process_group()
     if rank == 0:
         print("hvd_optimizer_test: %s" % ("PASSED" if failures == 0 else "FAILED"))

@@ -25,6 +25,7 @@ Horovod's semantics, step by step:
     factors instead (identity and G: min(M, N) rows). The factors are cleared at every step.
 """
 import contextlib as _contextlib
+import threading as _threading
 import warnings as _warnings
 
 import torch as _torch
@@ -34,6 +35,11 @@ from poseidon.torch._compression import Compression
 from poseidon.torch._core import Adasum, Average, Sum, _comm, _state
 
 _GLOBAL_PROCESS_SET_ID = 0
+
+# Every DistributedOptimizer whose communicator lives, in creation order (the same on every
+# rank): join() must keep exchanging zeros on all of them, so none may be forgotten by the
+# garbage collector on one rank and not another.
+_optimizers = []
 
 
 def _check_process_set(process_set):
@@ -146,6 +152,11 @@ class _DistributedOptimizer(_torch.optim.Optimizer):
                 layer_name, list(p.shape), kind=kind, strategy=forced, density=density,
                 candidates="allreduce,sfb,topk")
             self._names[id(p)] = name
+        # One more layer per optimizer: who has joined (see _join_optimizers), exchanged with
+        # every step's gradients.
+        self._joined_layer = self._comm.register_layer(
+            "psd.joined", [self._comm.size], kind="dense", strategy="allreduce")
+        self._join_rounds = 0
         self._batch_size = batch_size
         self._planned = False
         self._kmax = 0      # the planned K (rows of factors a rank may send)
@@ -155,6 +166,7 @@ class _DistributedOptimizer(_torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._register_hooks()
+        _optimizers[:] = [o for o in _optimizers if _alive(o)] + [self]
 
     # -- hooks ---------------------------------------------------------------------------
     def _hook_linear(self, module):
@@ -293,6 +305,10 @@ class _DistributedOptimizer(_torch.optim.Optimizer):
         for _, p in self._named:
             if id(p) not in self._handles:
                 self._submit(p)
+        if not self._planned:
+            self._plan()
+        # This rank has not joined: no flag set.
+        joined = self._comm.submit(self._joined_layer, _torch.zeros(self._comm.size))
         scale = self._predivide if self._op == Average else float(self._comm.size)
         for _, p in self._named:
             h = self._handles.pop(id(p))
@@ -301,10 +317,45 @@ class _DistributedOptimizer(_torch.optim.Optimizer):
                 p.grad.mul_(scale)
             if self._strategies[id(p)] != "sfb":
                 self._round(p.grad)
+        joined.wait()
         self._counts.clear()
         for records in self._records.values():
             del records[:]  # never last step's factors
         self._synchronized = True
+
+    def _join_round(self):
+        """One exchange on a rank that has joined: zeros for every layer (what this rank
+        submitted already still completes), its flag in psd.joined. Returns how many ranks
+        have joined."""
+        if not self._planned:
+            self._plan()
+        pending = dict(self._handles)
+        self._handles.clear()
+        handles = list(pending.values())
+        scratch = []  # the zeros stay referenced until their exchange is done
+        for _, p in self._named:
+            if id(p) in pending:
+                continue
+            zero = _torch.zeros(p.shape)
+            scratch.append(zero)
+            layer = self._layers[id(p)]
+            if self._strategies[id(p)] == "sfb":
+                handles.append(self._comm.submit(layer, zero, u=_torch.zeros(1, p.shape[0]),
+                                                 v=_torch.zeros(1, p.shape[1])))
+            else:
+                handles.append(self._comm.submit(layer, zero))
+        flags = _torch.zeros(self._comm.size)
+        flags[self._comm.rank] = 1.0
+        joined = self._comm.submit(self._joined_layer, flags)
+        for h in handles:
+            h.wait()
+        joined.wait()
+        self._counts.clear()
+        for records in self._records.values():
+            del records[:]
+        self._synchronized = False
+        self._join_rounds += 1
+        return int(round(float(flags.sum()) * self._comm.size))
 
     @_contextlib.contextmanager
     def skip_synchronize(self):
@@ -399,3 +450,49 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     return cls(optimizer.param_groups, named_parameters, model, compression,
                backward_passes_per_step, op, gradient_predivide_factor, groups,
                sparse_as_dense, strategy, sparse, density, batch_size)
+
+
+def _alive(opt):
+    return any(c is opt._comm for c in _state["optimizer_comms"])
+
+
+def _join_optimizers():
+    """Horovod's join for DistributedOptimizer: this rank has run out of data. Until every rank
+    has joined, it keeps taking part in every live optimizer's exchanges with zero gradients
+    (so the ranks still training average with zeros from here, divided by the full size, as
+    in Horovod); its own parameters are left alone. Every rank calls it once per epoch.
+    Returns the rank that joined last (the highest such rank when several joined at once),
+    or None when there is no optimizer (the caller then only needs a barrier)."""
+    opts = [o for o in _optimizers if _alive(o)]
+    _optimizers[:] = opts
+    if not opts:
+        return None
+    errors = []
+
+    def rounds(opt):
+        try:
+            while opt._join_round() < opt._comm.size:
+                pass
+        except BaseException as e:  # noqa: BLE001 (raised again below)
+            errors.append(e)
+
+    # Optimizers are independent engines that the training ranks step in their own order and
+    # number: one thread each, so no order between them is assumed.
+    threads = [_threading.Thread(target=rounds, args=(o,), name="psd-join") for o in opts[1:]]
+    for t in threads:
+        t.start()
+    rounds(opts[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    # A rank that joined earlier took part in at least as many rounds of every optimizer:
+    # the last to join ran the fewest.
+    mine = _torch.tensor([sum(o._join_rounds for o in opts)], dtype=_torch.int64)
+    for o in opts:
+        o._join_rounds = 0
+    world = _comm()
+    every = _torch.zeros(world.size, dtype=_torch.int64)
+    world.allgather(mine, every)
+    fewest = int(every.min())
+    return max(r for r in range(world.size) if int(every[r]) == fewest)
