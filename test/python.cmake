@@ -55,3 +55,8 @@ psd_add_python_mpi_test(python_train_example
                         ARGS --steps 40)
 psd_add_python_mpi_test(python_hvd_optimizer
                         ${CMAKE_CURRENT_SOURCE_DIR}/python/hvd_optimizer_test.py NP 2 4 TIMEOUT 240)
+# poseidon.torch's Horovod API case by case, and the Horovod-style example using every name.
+psd_add_python_mpi_test(python_hvd_api ${CMAKE_CURRENT_SOURCE_DIR}/python/hvd_api_test.py
+                        NP 2 4 TIMEOUT 120)
+psd_add_python_mpi_test(python_horovod_style_example
+                        ${PROJECT_SOURCE_DIR}/examples/python/horovod_style.py NP 2 TIMEOUT 120)
