@@ -174,3 +174,14 @@ def _remove(ps):
     del _state["process_sets"][ps.process_set_id]
     _release(ps)
     return True
+
+
+def new_comm(process_set, what):
+    """A new Poseidon communicator over ``process_set``'s ranks (collective on its members;
+    None or the global set: over the package's communicator), e.g. for an optimizer's own
+    engine. ValueError on a rank outside the set. The caller destroys it (before shutdown)."""
+    comm_of(process_set, what)  # membership and registration checks
+    if process_set is None or process_set.process_set_id == 0:
+        return _psd.init(_state["mpi_comm"]) if _state["mpi_comm"] is not None \
+            else _psd.Comm(0)
+    return _psd.init(process_set._mpi_comm)
