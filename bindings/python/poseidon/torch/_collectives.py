@@ -665,7 +665,13 @@ def _join(comm):
 
 
 def join(device=-1):
-    """Horovod's join for uneven data, here a barrier: every rank must call it, and no rank
-    may issue collectives the others do not (Poseidon does not stand in zeros for ranks that
-    joined). Returns the rank that called it last (by its clock)."""
+    """Horovod's join for uneven data: this rank has run out of data. With a live
+    DistributedOptimizer, this rank keeps taking part in its exchanges with zero gradients
+    until every rank has joined (the optimizer's _join_optimizers); without one it is a
+    barrier. Every rank calls it; returns the rank that joined last."""
+    from poseidon.torch import _optimizer
+    joiner = getattr(_optimizer, "_join_optimizers", None)
+    last = joiner() if joiner is not None else None
+    if last is not None:
+        return int(last)
     return _run(_join, _comm())
