@@ -146,6 +146,19 @@ def train(case, rank, size, poseidon_side):
             opt.load_state_dict(state)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
+    elif not opt.state_dict()["state"]:
+        # broadcast_optimizer_state on an optimizer without state first steps it with zero
+        # gradients (Horovod's way to create every state entry: SGD's momentum becomes
+        # weight_decay * p, Adam counts one step), then puts the parameters back.
+        saved = [p.detach().clone() for p in model.parameters()]
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        with torch.no_grad():
+            for p, value in zip(model.parameters(), saved):
+                p.copy_(value)
+                p.grad = None
     params = [p for p in model.parameters() if p.requires_grad]
     problems = []
     # join: rank r runs out of data after STEPS - 3 r steps and joins (Poseidon) or sends zeros
