@@ -385,6 +385,32 @@ def case_process_set(r, n):
     hvd.barrier()
 
 
+def case_optimizer_process_set(r, n):
+    """Last: its engine keeps running (start_timeline refuses to open a trace after that)."""
+    half = list(range(max(1, n // 2)))
+    ps = hvd.add_process_set(half)
+    if r in half:
+        # Averages over the set's members only: the gradient on rank k is (k + 1) * ones,
+        # SGD lr 0.5, two steps.
+        w = torch.nn.Parameter(torch.zeros(3))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=0.5),
+                                       named_parameters=[("w", w)], process_set=ps)
+        for _ in range(2):
+            opt.zero_grad()
+            (w * float(r + 1)).sum().backward()
+            opt.step()
+        mean = sum(k + 1 for k in half) / len(half)
+        close(w.detach(), torch.full((3,), -2 * 0.5 * mean), "DistributedOptimizer in the set")
+    else:
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))],
+                                                     lr=0.1), process_set=ps)
+            raise AssertionError("a rank outside the set made its DistributedOptimizer")
+        except ValueError as e:
+            check("not in process set" in str(e), "outside error text: %s" % e)
+    hvd.barrier()
+
+
 def case_sync_batch_norm(r, n):
     channels = 4
     gen = torch.Generator().manual_seed(7)
@@ -457,7 +483,7 @@ CASES = [case_names, case_basics, case_allreduce_dtypes, case_min_max_product,
          case_broadcast_dtypes, case_reducescatter, case_alltoall, case_autograd_allreduce,
          case_autograd_allgather, case_autograd_broadcast, case_objects,
          case_parameters_and_optimizer, case_process_set, case_sync_batch_norm, case_sparse,
-         case_sync_points]
+         case_sync_points, case_optimizer_process_set]
 
 
 def main():

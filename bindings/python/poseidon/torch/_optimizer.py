@@ -31,6 +31,7 @@ import warnings as _warnings
 import torch as _torch
 
 import poseidon as _psd
+from poseidon.torch import _process_sets
 from poseidon.torch._compression import Compression
 from poseidon.torch._core import Adasum, Average, Sum, _comm, _state
 
@@ -43,19 +44,16 @@ _optimizers = []
 
 
 def _check_process_set(process_set):
-    """Only the global process set (every rank) is supported."""
+    """None (every rank) or a ProcessSet added with add_process_set, this rank a member."""
     if process_set is None:
-        return
-    set_id = getattr(process_set, "process_set_id", process_set)
-    ranks = getattr(process_set, "ranks", None)
-    if ranks is not None and list(ranks) == list(range(_comm().size)):
-        return
-    if isinstance(set_id, int) and not isinstance(set_id, bool) \
-            and set_id == _GLOBAL_PROCESS_SET_ID:
-        return
-    raise _psd.UnimplementedError(
-        "DistributedOptimizer: process_set %r is not supported; Poseidon supports only the "
-        "global process set (every rank): pass process_set=None" % (process_set,))
+        return None
+    if not isinstance(process_set, _process_sets.ProcessSet):
+        raise ValueError("DistributedOptimizer: process_set %r is not a ProcessSet; expected "
+                         "None or a set from add_process_set" % (process_set,))
+    if process_set.process_set_id == _GLOBAL_PROCESS_SET_ID:
+        return None
+    _process_sets.comm_of(process_set, "DistributedOptimizer")  # added, and this rank in it
+    return process_set
 
 
 def _check_compression(compression):
@@ -69,15 +67,16 @@ class _DistributedOptimizer(_torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, model, compression, backward_passes_per_step,
                  op, gradient_predivide_factor, groups, sparse_as_dense, strategy, sparse,
-                 density, batch_size):
+                 density, batch_size, process_set=None):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self._predivide = float(gradient_predivide_factor)
         self._sparse_as_dense = bool(sparse_as_dense)
         # Each optimizer has its own communicator: its own layers, plan and engine. It lives
         # until shutdown() (see there).
-        self._comm = _psd.init(_state["mpi_comm"]) if _state["mpi_comm"] is not None \
-            else _psd.Comm(0)
+        # Over the process set's ranks when one is given (averages divide by its size).
+        self._comm = _process_sets.new_comm(process_set, "DistributedOptimizer")
+        self._process_set = process_set
         _state["optimizer_comms"].append(self._comm)
         self._op = op
         self._passes = int(backward_passes_per_step)
@@ -444,12 +443,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          "list of lists of parameters")
     _check_compression(compression)
     _comm()
-    _check_process_set(process_set)
+    process_set = _check_process_set(process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, model, compression,
                backward_passes_per_step, op, gradient_predivide_factor, groups,
-               sparse_as_dense, strategy, sparse, density, batch_size)
+               sparse_as_dense, strategy, sparse, density, batch_size, process_set)
 
 
 def _alive(opt):
@@ -463,8 +462,9 @@ def _join_optimizers():
     in Horovod); its own parameters are left alone. Every rank calls it once per epoch.
     Returns the rank that joined last (the highest such rank when several joined at once),
     or None when there is no optimizer (the caller then only needs a barrier)."""
-    opts = [o for o in _optimizers if _alive(o)]
-    _optimizers[:] = opts
+    _optimizers[:] = [o for o in _optimizers if _alive(o)]
+    # Over every rank only: an optimizer of a process set is stepped by its members alone.
+    opts = [o for o in _optimizers if o._process_set is None]
     if not opts:
         return None
     errors = []
