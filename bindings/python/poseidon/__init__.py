@@ -10,6 +10,9 @@ without copies.
     comm.build_plan(batch=16); print(comm.plan())
     h = comm.submit(fc, grad); h.wait()       # grad now holds the average over ranks
 
+A handle may be dropped before its exchange completes: the arrays it was given stay alive (held
+by its Comm) until then. Launch jobs with ``poseidonrun -np 4 python3 train.py``
+(``python -m poseidon.run``; see poseidon/run.py).
 PyTorch (Horovod's API): ``import poseidon.torch as hvd``.
 Errors raise poseidon.Error subclasses (InvalidArgumentError is also a ValueError,
 TimeoutError also the built-in TimeoutError) carrying the library's message; each class's
