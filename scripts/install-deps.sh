@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config openmpi-bin libopenmpi-dev
           libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev python3)
 if [[ "${1:-}" == "--python" ]]; then
-  packages+=(python3-dev python3-numpy python3-mpi4py pybind11-dev python3-torch python3-pip)
+  packages+=(python3-dev python3-numpy python3-mpi4py pybind11-dev python3-torch python3-pip python3-venv)
 fi
 
 missing=()
