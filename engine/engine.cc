@@ -314,6 +314,8 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
 void Engine::WaiterBlocks() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Negotiated mode (no wake-up table): the cycle reads the waiters count itself.
+    if (wake_on_.empty()) return;
     kick_ = true;
   }
   cv_.notify_one();

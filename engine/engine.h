@@ -207,8 +207,8 @@ class Engine {
   // is done, if the engine thread is not running one.
   void RunForWaiter(const Handle& h);
   // Handle::Wait through EngineLink::blocked: a user thread sleeps on an incomplete handle.
-  // Wakes the engine thread, which starts the grace after which an incomplete cached op
-  // returns to negotiation (CachedCycle).
+  // In cached mode, wakes the engine thread, which starts the grace after which an incomplete
+  // cached op returns to negotiation (CachedCycle).
   void WaiterBlocks();
   // Moves new submissions into the queues and takes over local errors; returns whether a
   // shutdown was requested.

@@ -30,18 +30,15 @@ Status Handle::Wait(double timeout_s) const {
       link_->waiters.fetch_add(1, std::memory_order_seq_cst);
     }
   }
-  if (link_ && forever && !EngineLink::busy) {
+  if (link_ && !EngineLink::busy) {
+    // Not taken while another waiter runs exchanges (that one completes work anyway).
+    std::unique_lock<std::mutex> helping(link_->mu, std::try_to_lock);
     // Run the exchange here if it is ready and the engine thread has not started it: this
-    // thread would only sleep until it is done (another waiter may be running it already).
-    // Not under a timeout: the exchange lasts until every rank joins, which the caller's
-    // bound does not cover.
-    std::unique_lock<std::mutex> helping(link_->mu, std::try_to_lock);
-    if (helping && link_->run) link_->run(*this);
-  }
-  if (link_ && !EngineLink::busy && !done_.load(std::memory_order_acquire)) {
-    // Not taken while another waiter runs exchanges: that one completes work anyway.
-    std::unique_lock<std::mutex> helping(link_->mu, std::try_to_lock);
-    if (helping && link_->blocked) link_->blocked();
+    // thread would only sleep until it is done. Not under a timeout: the exchange lasts until
+    // every rank joins, which the caller's bound does not cover.
+    if (helping && forever && link_->run) link_->run(*this);
+    // About to sleep: tell the engine thread.
+    if (helping && link_->blocked && !done_.load(std::memory_order_acquire)) link_->blocked();
   }
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] { return done_.load(std::memory_order_acquire); };

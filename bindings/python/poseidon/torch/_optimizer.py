@@ -50,10 +50,8 @@ def _check_process_set(process_set):
     if not isinstance(process_set, _process_sets.ProcessSet):
         raise ValueError("DistributedOptimizer: process_set %r is not a ProcessSet; expected "
                          "None or a set from add_process_set" % (process_set,))
-    if process_set.process_set_id == _GLOBAL_PROCESS_SET_ID:
-        return None
-    _process_sets.comm_of(process_set, "DistributedOptimizer")  # added, and this rank in it
-    return process_set
+    # Whether it was added and holds this rank: new_comm checks, when the optimizer is made.
+    return None if process_set.process_set_id == _GLOBAL_PROCESS_SET_ID else process_set
 
 
 def _check_compression(compression):
