@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -323,14 +324,20 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels, const Pr
                          }));
     m.topk_bytes_per_s = 4.0 * n / t_topk;
 
-    // Scatter-add of 64 Ki pairs into 1 Mi floats.
+    // Scatter-add of one block of 64 Ki pairs (ascending indices) into 1 Mi floats, as the
+    // top-k exchange adds each rank's block.
     const size_t pairs = 1u << 16;
-    std::vector<uint32_t> sidx(pairs);
-    std::vector<float> sval(pairs, 1.0f);
-    for (size_t j = 0; j < pairs; ++j) sidx[j] = static_cast<uint32_t>((j * 16 + 7) % n);
+    std::vector<uint32_t> block(2 * pairs);
+    const float one = 1.0f;
+    for (size_t j = 0; j < pairs; ++j) {
+      block[j] = static_cast<uint32_t>((j * 16 + 7) % n);
+      std::memcpy(&block[pairs + j], &one, sizeof(one));
+    }
+    std::unique_ptr<ScatterWorkspace> sws = kernels.NewScatterWorkspace();
     PSD_ASSIGN_OR_RETURN(double t_scatter, TimeKernel(be, [&] {
-                           return kernels.ScatterAdd(sidx.data(), sval.data(), pairs,
-                                                     residual.data(), n, nullptr);
+                           return kernels.ScatterAddBlocks(block.data(), 1, pairs,
+                                                           residual.data(), n, sws.get(),
+                                                           nullptr);
                          }));
     m.scatter_bytes_per_s = 8.0 * pairs / t_scatter;
 

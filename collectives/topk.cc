@@ -6,11 +6,14 @@
 //     u = m u + gradient; residual += u), then exactly k = ceil(density n) entries of largest
 //     magnitude leave the residual (ties to the smaller index, indices ascending). Nothing is
 //     lost: residual_before + update == sent + residual_after, exactly in float32.
-//  3. Pack this rank's k indices and k values (as raw 32-bit words) into one message and
-//     allgather it: every rank sends the same k, so a plain allgather works, and one message
-//     instead of two halves the latency. 2 k (P-1) words sent per rank.
-//  4. Zero the gradient buffer and scatter-add every rank's pairs in rank order 0..P-1: the
-//     same additions in the same order on every rank, so bitwise identical results.
+//  3. The kernel writes this rank's k indices and k values (as raw 32-bit words) straight into
+//     one message, which is allgathered: every rank sends the same k, so a plain allgather
+//     works, and one message instead of two halves the latency. 2 k (P-1) words sent per rank.
+//  4. Zero the gradient buffer and add every rank's block in rank order 0..P-1 with one
+//     ScatterAddBlocks call: the same additions in the same order on every rank, so bitwise
+//     identical results. On device memory nothing in the step waits for the stream: a block
+//     that breaks the contract (a peer's bad index) is found on the device and fails the
+//     layer's next exchange on every rank (Kernels::ScatterWorkspace::Fault).
 //  5. Average (1/P) or, with an optimizer, apply the step to the full parameter with the 1/P
 //     fused in.
 #include <cstring>
@@ -23,9 +26,9 @@ namespace {
 
 class TopkState final : public TopkLayerState {
  public:
-  TopkState(const OptimizerSpec& spec, std::unique_ptr<KernelWorkspace> w, const Kernels* k,
-            void* stream)
-      : opt(spec), ws(std::move(w)), kernels_(k), stream_(stream) {}
+  TopkState(const OptimizerSpec& spec, std::unique_ptr<KernelWorkspace> w,
+            std::unique_ptr<ScatterWorkspace> sw, const Kernels* k, void* stream)
+      : opt(spec), ws(std::move(w)), scatter(std::move(sw)), kernels_(k), stream_(stream) {}
 
   // Host views, copied from the buffers once after each exchange (a plain memcpy for host
   // memory; a device copy and a stream synchronization for device memory).
@@ -40,9 +43,11 @@ class TopkState final : public TopkLayerState {
 
   OptimizerState opt;
   std::unique_ptr<KernelWorkspace> ws;
-  // State (kept across steps) and scratch, in the collective's memory.
-  StrategyBuffer residual_, momentum_, idx_, val_;
-  StrategyBuffer send_, gathered_, peer_idx_, peer_val_;
+  std::unique_ptr<ScatterWorkspace> scatter;
+  // State (kept across steps) and scratch, in the collective's memory. send_ holds the last
+  // selection: k indices, then k values.
+  StrategyBuffer residual_, momentum_;
+  StrategyBuffer send_, gathered_;
   size_t n_ = 0, k_ = 0;
   bool has_momentum_ = false;
 
@@ -56,8 +61,10 @@ class TopkState final : public TopkLayerState {
       view_.residual = residual_.Download<float>(*kernels_, n_, stream_);
       view_.momentum =
           has_momentum_ ? momentum_.Download<float>(*kernels_, n_, stream_) : std::vector<float>();
-      view_.idx = idx_.Download<uint32_t>(*kernels_, k_, stream_);
-      view_.val = val_.Download<float>(*kernels_, k_, stream_);
+      const std::vector<uint32_t> words = send_.Download<uint32_t>(*kernels_, 2 * k_, stream_);
+      view_.idx.assign(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(k_));
+      view_.val.resize(k_);
+      if (k_ > 0) std::memcpy(view_.val.data(), words.data() + k_, k_ * sizeof(float));
       fresh_ = true;
     }
     return view_;
@@ -105,8 +112,9 @@ class Topk final : public Strategy {
     std::string why;
     PSD_REQUIRE_ARG(StrategyApplies(StrategyKind::kTopk, layer, &why), "topk: layer ", layer.name,
                     ": ", why);
-    return std::unique_ptr<LayerState>(
-        new TopkState(layer.optimizer, ctx.kernels->NewWorkspace(), ctx.kernels, ctx.call.stream));
+    return std::unique_ptr<LayerState>(new TopkState(layer.optimizer, ctx.kernels->NewWorkspace(),
+                                                     ctx.kernels->NewScatterWorkspace(),
+                                                     ctx.kernels, ctx.call.stream));
   }
 
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
@@ -132,43 +140,34 @@ class Topk final : public Strategy {
     const Kernels& kern = *ctx.kernels;
     void* stream = ctx.call.stream;
     PSD_CHECK(strategy_internal::BeforeCollective(ctx, [&]() -> Status {
+      // A bad block found on the device by an earlier step fails this one (on every rank:
+      // through FailTogether when this rank learns of it first).
+      PSD_CHECK(s->scatter->Fault());
       // Residual and momentum are state: zero when first made (or when n changes).
       PSD_CHECK(s->residual_.Reset(kern, n * sizeof(float)));
       if (mom > 0) PSD_CHECK(s->momentum_.Reset(kern, n * sizeof(float)));
       s->n_ = n;
       s->has_momentum_ = mom > 0;
       s->k_ = k;
-      PSD_CHECK(s->idx_.Grow(kern, k * 4));
-      PSD_CHECK(s->val_.Grow(kern, k * 4));
-
-      // 2. Fused residual accumulation + exact top-k.
-      PSD_CHECK(kern.FusedResidualTopK(buf.grad, s->residual_.as<float>(),
-                                       mom > 0 ? s->momentum_.as<float>() : nullptr,
-                                       static_cast<float>(mom), n, k, s->idx_.as<uint32_t>(),
-                                       s->val_.as<float>(), s->ws.get(), stream));
-      // 3. [indices | values] as 2k 32-bit words, one allgather (byte copies, either memory).
       PSD_CHECK(s->send_.Grow(kern, 2 * k * 4));
-      PSD_CHECK(
-          kern.Pack({{s->idx_.data(), k * 4}, {s->val_.data(), k * 4}}, s->send_.data(), stream));
+
+      // 2. Fused residual accumulation + exact top-k, written as the message of step 3:
+      // [k indices | k values], 2k 32-bit words.
+      uint32_t* send_idx = s->send_.as<uint32_t>();
+      PSD_CHECK(kern.FusedResidualTopK(
+          buf.grad, s->residual_.as<float>(), mom > 0 ? s->momentum_.as<float>() : nullptr,
+          static_cast<float>(mom), n, k, send_idx, reinterpret_cast<float*>(send_idx + k),
+          s->ws.get(), stream));
       return s->gathered_.Grow(kern, 2 * k * 4 * static_cast<size_t>(world));
     }));
     PSD_CHECK(ctx.backend->AllGather(s->send_.data(), s->gathered_.data(), 2 * k, DType::kInt32,
                                      ctx.call));
     report->bytes_sent += CostModel::WireBytes(CollectiveKind::kAllGather, world,
                                                8.0 * static_cast<double>(k) * world);
-    // 4. Dense result, ranks added in order.
+    // 4. Dense result, ranks added in order (one call for all blocks).
     PSD_CHECK(strategy_internal::Zero(buf.grad, n, ctx));
-    // Each block is unpacked into typed arrays (a copy of 8k bytes) rather than reading the
-    // value words through a float pointer, which would break C++ aliasing rules on the host.
-    PSD_CHECK(s->peer_idx_.Grow(kern, k * 4));
-    PSD_CHECK(s->peer_val_.Grow(kern, k * 4));
-    for (int r = 0; r < world; ++r) {
-      const auto* block = s->gathered_.as<const unsigned char>() + 8 * k * static_cast<size_t>(r);
-      PSD_CHECK(
-          kern.Unpack(block, {{s->peer_idx_.data(), k * 4}, {s->peer_val_.data(), k * 4}}, stream));
-      PSD_CHECK(kern.ScatterAdd(s->peer_idx_.as<uint32_t>(), s->peer_val_.as<float>(), k, buf.grad,
-                                n, stream));
-    }
+    PSD_CHECK(kern.ScatterAddBlocks(s->gathered_.data(), world, k, buf.grad, n, s->scatter.get(),
+                                    stream));
     // 5. Average or optimizer step.
     const float inv = 1.0f / static_cast<float>(world);
     if (layer.optimizer.enabled()) {

@@ -113,6 +113,25 @@ inline Status CheckScatterAddArgs(const uint32_t* idx, const float* val, size_t 
   return Status::Ok();
 }
 
+// ScatterAddBlocks' shape: the blocks, dense and the workspace (k == 0 or no blocks: nothing
+// to add, only the workspace is needed).
+inline Status CheckScatterAddBlocksArgs(const void* blocks, int num_blocks, size_t k,
+                                        const float* dense, size_t n, const void* ws) {
+  constexpr const char* kCall = "ScatterAddBlocks";
+  PSD_REQUIRE_ARG(ws != nullptr, kCall, ": workspace is null; expected one from "
+                  "NewScatterWorkspace()");
+  PSD_REQUIRE_ARG(num_blocks >= 0 && static_cast<uint64_t>(num_blocks) < (uint64_t{1} << 28),
+                  kCall, ": num_blocks is ", num_blocks, "; expected 0 <= num_blocks < 2^28");
+  PSD_REQUIRE_ARG(n <= 0xffffffffu, kCall, ": n is ", n, "; expected n <= 2^32 - 1");
+  PSD_REQUIRE_ARG(k <= n, kCall, ": k is ", k, " but n is ", n,
+                  "; expected k <= n (indices are distinct)");
+  if (k == 0 || num_blocks == 0) return Status::Ok();
+  PSD_REQUIRE_ARG(blocks != nullptr, kCall, ": blocks is null with ", num_blocks,
+                  " blocks of k = ", k);
+  PSD_REQUIRE_ARG(dense != nullptr, kCall, ": dense is null with n = ", n);
+  return Status::Ok();
+}
+
 // SufficientFactorGemm's shape and factors; the buffers only when there is work (m, n > 0; u
 // and v when rows > 0 and alpha != 0).
 inline Status CheckGemmArgs(const char* call, const float* u, const float* v, size_t rows,

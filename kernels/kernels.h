@@ -10,6 +10,10 @@
 //        sent[i] + residual_after[i] == residual_before[i] + update[i]
 //    where update = gradient (no momentum) or the new momentum (with momentum).
 //  - ScatterAdd: dense[idx[j]] += val[j]; indices must be < n (checked, error otherwise).
+//  - ScatterAddBlocks: the same for several blocks of top-k output at once (one block per
+//    rank, strictly ascending indices), added block after block: bitwise the same on both
+//    implementations and on every rank. The CUDA twin never waits for the stream: a bad block
+//    is reported through its ScatterWorkspace once the device has found it.
 //  - SufficientFactorGemm: G (M x N, row-major) = alpha * U^T V + beta * G for U (rows x M)
 //    and V (rows x N), both row-major: one GEMM over all gathered factors.
 //  - Casts: float32 <-> float16 / bfloat16, round to nearest even.
@@ -80,6 +84,19 @@ class KernelWorkspace {
   virtual ~KernelWorkspace() = default;
 };
 
+// Scratch and the fault report of ScatterAddBlocks, one per layer, reused every step.
+class ScatterWorkspace {
+ public:
+  virtual ~ScatterWorkspace() = default;
+  // The first contract fault (an index >= n, indices not strictly ascending) that an earlier
+  // ScatterAddBlocks call with this workspace found, once that call's work has finished:
+  // kInvalidArgument naming the block, position and values; Ok when none is known yet. Never
+  // waits: on the CUDA side the report reaches host memory at the end of the call's stream
+  // work, so a fault shows here one call later at the latest (and at once on the CPU side).
+  // A fault is sticky: every later call leaves dense unchanged and reports it again.
+  virtual Status Fault() const = 0;
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -102,6 +119,17 @@ class Kernels {
   // Every index is checked before dense is touched; duplicates accumulate in position order.
   virtual Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
                             void* stream) const = 0;
+
+  // Top-k blocks from num_blocks ranks, each 2 k 32-bit words at blocks + 8 k b bytes:
+  // k indices (strictly ascending, each < n) then k float32 values. dense[idx] += value for
+  // block 0, then block 1, ...: the additions of one index happen in block order, so the
+  // result is bitwise the same as ScatterAdd applied block by block, on either
+  // implementation. Contract faults in the data leave dense unchanged and go to ws->Fault()
+  // (the CPU kernel also returns them); argument and launch errors are returned. No host
+  // synchronization on the CUDA side.
+  virtual std::unique_ptr<ScatterWorkspace> NewScatterWorkspace() const = 0;
+  virtual Status ScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense,
+                                  size_t n, ScatterWorkspace* ws, void* stream) const = 0;
 
   virtual Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m,
                                       size_t n, float alpha, float beta, float* g,

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "kernels/contract_checks.h"
+#include "kernels/scatter_report.h"
 
 namespace poseidon {
 namespace cpu {
@@ -26,6 +27,53 @@ Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense,
   }
   // Duplicates accumulate in position order (j ascending), so results are deterministic.
   for (size_t j = 0; j < m; ++j) dense[idx[j]] += val[j];
+  return Status::Ok();
+}
+
+Status ScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense, size_t n,
+                        ::poseidon::ScatterWorkspace* ws) {
+  PSD_CHECK(kernel_checks::CheckScatterAddBlocksArgs(blocks, num_blocks, k, dense, n, ws));
+  auto* w = dynamic_cast<ScatterWorkspace*>(ws);
+  PSD_REQUIRE_ARG(w != nullptr, "ScatterAddBlocks: workspace was made by another Kernels "
+                  "implementation; expected one from CpuKernels().NewScatterWorkspace()");
+  PSD_CHECK(w->fault);  // sticky, as on the device
+  if (k == 0 || num_blocks == 0) return Status::Ok();
+  const auto* base = static_cast<const unsigned char*>(blocks);
+  auto index = [&](int b, size_t j) {
+    uint32_t v;
+    std::memcpy(&v, base + (2 * k * static_cast<size_t>(b) + j) * 4, 4);
+    return v;
+  };
+  // The first fault by kind, then block, then position: what the device's atomic min keeps.
+  scatter_report::Report report;
+  for (int b = 0; b < num_blocks; ++b) {
+    for (size_t j = 0; j < k; ++j) {
+      const uint32_t i = index(b, j);
+      uint64_t word = scatter_report::kClean;
+      if (i >= n) {
+        word = scatter_report::Encode(scatter_report::kIndexOutOfRange, b, j);
+      } else if (j > 0 && i <= index(b, j - 1)) {
+        word = scatter_report::Encode(scatter_report::kNotAscending, b, j);
+      }
+      if (word < report.word) {
+        report.word = word;
+        report.index = i;
+        report.previous = j > 0 ? index(b, j - 1) : 0;
+      }
+    }
+  }
+  if (report.word != scatter_report::kClean) {
+    w->fault = scatter_report::ReportStatus(report, n);
+    return w->fault;
+  }
+  for (int b = 0; b < num_blocks; ++b) {
+    const unsigned char* vals = base + (2 * k * static_cast<size_t>(b) + k) * 4;
+    for (size_t j = 0; j < k; ++j) {
+      float v;
+      std::memcpy(&v, vals + 4 * j, 4);
+      dense[index(b, j)] += v;
+    }
+  }
   return Status::Ok();
 }
 
@@ -169,6 +217,14 @@ class CpuKernelsImpl final : public Kernels {
     return cpu::FusedResidualTopK(grad, residual, momentum_buf, momentum, n, k, out_idx, out_val,
                                   ws);
   }
+  std::unique_ptr<::poseidon::ScatterWorkspace> NewScatterWorkspace() const override {
+    return std::make_unique<cpu::ScatterWorkspace>();
+  }
+  Status ScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense, size_t n,
+                          ::poseidon::ScatterWorkspace* ws, void* /*stream*/) const override {
+    return cpu::ScatterAddBlocks(blocks, num_blocks, k, dense, n, ws);
+  }
+
   Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
                     void* /*stream*/) const override {
     return cpu::ScatterAdd(idx, val, m, dense, n);

@@ -41,6 +41,16 @@ Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf
 
 Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n);
 
+// Keeps the first fault found (ScatterWorkspace::Fault); no scratch is needed on the host.
+class ScatterWorkspace final : public ::poseidon::ScatterWorkspace {
+ public:
+  Status Fault() const override { return fault; }
+  Status fault;
+};
+// Checks every block before touching dense; a fault is returned and kept in ws.
+Status ScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense, size_t n,
+                        ::poseidon::ScatterWorkspace* ws);
+
 Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
                             float alpha, float beta, float* g);
 

@@ -96,6 +96,26 @@ class CudaKernelsImpl final : public Kernels {
                                          out_val, ws, ToStream(stream));
   }
 
+  std::unique_ptr<ScatterWorkspace> NewScatterWorkspace() const override {
+    return cuda::NewScatterWorkspace();
+  }
+
+  // Deterministic and sync-free (scatter.cu); faults reach ws->Fault() a call later.
+  Status ScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense, size_t n,
+                          ScatterWorkspace* ws, void* stream) const override {
+    constexpr const char* kCall = "ScatterAddBlocks";
+    PSD_CHECK(kernel_checks::CheckScatterAddBlocksArgs(blocks, num_blocks, k, dense, n, ws));
+    PSD_REQUIRE_ARG(cuda::IsScatterWorkspace(ws), kCall,
+                    ": workspace was made by another Kernels implementation; expected one from "
+                    "CudaKernels().NewScatterWorkspace()");
+    if (k > 0 && num_blocks > 0) {
+      PSD_CHECK(CheckDevicePointer(kCall, "blocks", blocks,
+                                   8 * k * static_cast<size_t>(num_blocks)));
+      PSD_CHECK(CheckDevicePointer(kCall, "dense", dense, n * sizeof(float)));
+    }
+    return cuda::LaunchScatterAddBlocks(blocks, num_blocks, k, dense, n, ws, ToStream(stream));
+  }
+
   // Float atomics: see cuda_kernels.h (not bit-reproducible with repeated indices). Waits for
   // the stream once to report an out-of-range index (dense is then left unchanged).
   Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,

@@ -18,4 +18,16 @@ namespace poseidon {
 // which are checked first).
 const Kernels& CudaKernels();
 
+// What the last FusedResidualTopK call on a CudaKernels() workspace did, as far as its report
+// has reached host memory (synchronize the stream first to see the latest call): which path
+// ran (the candidate buffer, or the full residual on the first call and whenever the guess
+// missed), how many entries reached the guess, and a consistency fault (0: none).
+struct CudaTopKCall {
+  uint64_t calls = 0;
+  bool used_candidates = false;
+  uint64_t candidates = 0;
+  uint32_t fault = 0;
+};
+Result<CudaTopKCall> LastCudaTopKCall(const KernelWorkspace& ws);
+
 }  // namespace poseidon

@@ -131,8 +131,10 @@ Result<ScatterScratch*> GetScatterScratch() {
   int device = 0;
   PSD_CUDA_CHECK(cudaGetDevice(&device));
   if (s.device != device) {
-    PSD_CUDA_CHECK(cudaMalloc(&s.d_bad, sizeof(unsigned long long)));
-    PSD_CUDA_CHECK(cudaMallocHost(&s.h_bad, sizeof(unsigned long long)));
+    PSD_CHECK(AllocOrClear(cudaMalloc(&s.d_bad, sizeof(unsigned long long)),
+                           "ScatterAdd: cudaMalloc(8 bytes)"));
+    PSD_CHECK(AllocOrClear(cudaMallocHost(&s.h_bad, sizeof(unsigned long long)),
+                           "ScatterAdd: cudaMallocHost(8 bytes)"));
     s.device = device;
   }
   return &s;
@@ -146,6 +148,7 @@ Result<ScatterScratch*> GetScatterScratch() {
 // for the stream once, to read that check and name the first bad position.
 Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
                         cudaStream_t stream) {
+  PSD_CHECK(ClearStaleError("ScatterAdd"));
   PSD_ASSIGN_OR_RETURN(ScatterScratch * s, GetScatterScratch());
   PSD_CUDA_CHECK(cudaMemsetAsync(s->d_bad, 0xff, sizeof(unsigned long long), stream));
   FindBadIndex<<<GridFor(m), kThreads, 0, stream>>>(idx, m, n, s->d_bad);

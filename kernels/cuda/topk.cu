@@ -1,78 +1,102 @@
 // FusedResidualTopK on device memory: residual accumulation (optional DGC momentum) fused with
-// exact top-k selection by magnitude, RedSync-style radix select. No sort, and no host
-// synchronization anywhere: every count the steps need stays in device memory.
+// exact top-k selection by magnitude. Four launches, no host synchronization, no single-thread
+// kernels; in steady state one streaming pass over n (the floor: read grad, read and write the
+// residual, and the momentum when there is one) plus passes over a small candidate buffer.
+// The decisions are in kernels/topk_plan.h (shared with the CPU tests); the keys are the
+// magnitude's float bits with every NaN just above +infinity.
 //
-// Keys: a value's key is the float bits of its magnitude (|x| orders like those bits); every
-// NaN maps to 0x7f800001, just above +infinity, as in the CPU kernel (cpu::kNaNKey).
+//  1. FusedPass over n, in tiles of 4096 entries claimed in order (a tile counter): update
+//     momentum and residual, count key bits 30..20 in a 2048-bin histogram (per block in
+//     shared memory, merged with global atomics), and compact the entries whose key reaches the
+//     guess into (index, value) candidates in index order. The order comes from a single-pass
+//     scan: counts per warp row in shared memory, then a decoupled look-back over the tiles
+//     (each tile publishes its count, then its inclusive prefix, tagged with the call's epoch,
+//     so no status array is ever cleared). The last block to finish (a done counter) picks the
+//     first digit of the k-th key T, chooses the candidate path or the full path
+//     (topk_plan::CandidatesSuffice) and sets the next call's guess (topk_plan::NextGuess).
+//  2. Refine over the chosen input (the candidates, or the whole residual): histogram of key
+//     bits 19..10 among the keys matching the prefix; its last block picks the digit.
+//  3. The same for bits 9..0: the prefix is now T, and k_rem how many ties with T belong to
+//     the top k.
+//  4. Emit over the chosen input, tiles in order again with a two-count look-back (entries
+//     above T, ties with T): each selected entry's slot is topk_plan::OutputSlot, so the output
+//     is in ascending index order and the smaller index wins a tie; it is written and zeroed in
+//     the residual and the momentum. The last block checks that exactly k were written and
+//     advances the epoch.
+// A 32-byte outcome (consistency errors, which path ran, the candidate count) is copied to
+// pinned host memory at the end; the next call reads it without waiting and refuses to go on
+// after an inconsistency (a bug, reported, never a silently wrong selection).
 //
-//  1. Fused pass over n: u = momentum * u + g (stored when a momentum buffer is given),
-//     r = residual + u (stored), and a 256-bin histogram of key bits 31..24 (shared-memory
-//     histograms per block, merged with global atomics).
-//  2. FindDigit (one thread): walking the bins from the top, the bin holding the k-th largest
-//     key; its digit joins the threshold prefix and k_rem becomes k minus the keys above it.
-//  3. cub::DeviceSelect::If compacts the keys in that bin (the candidates, usually a small
-//     fraction of n) into the workspace.
-//  4. Three refine passes over only the candidates (bits 23..16, 15..8, 7..0): histogram of
-//     the candidates matching the prefix so far, then FindDigit. Afterwards the prefix is the
-//     exact k-th largest key T, and k_rem is how many keys equal to T belong to the top k.
-//  5. cub::DevicePartition::If (three-way, stable) over the indices 0..n-1: indices with key > T
-//     (fewer than k) and indices with key == T, both in ascending order.
-//  6. Merge (one thread per output): the k - k_rem indices above T and the first k_rem ties
-//     (smaller index wins a tie) are merged by index with a binary search in the other list;
-//     each thread writes its (index, value) to its place, ascending, and zeroes the entry in
-//     the residual and the momentum buffer (DGC's momentum factor masking).
-//
-// The workspace holds the state, histograms, candidates (n floats, reused for the tie
-// indices), the above-threshold indices (k) and CUB's temporary storage. It grows on demand;
-// growing frees the old block with cudaFree, which waits for the device: that happens only on
-// the first call and when n or k grows, never in steady state.
+// The workspace grows on demand (cudaMalloc, cudaFree of the old block, which waits for the
+// device): only on the first call and when n or k grows, never in steady state, so a warmed-up
+// call can be captured in a CUDA graph.
 #include <cuda_runtime.h>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/discard_iterator.h>
 
 #include <algorithm>
-#include <cub/device/device_partition.cuh>
-#include <cub/device/device_select.cuh>
+#include <atomic>
+#include <cstring>
+#include <cub/block/block_scan.cuh>
+#include <cuda/atomic>
 
+#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
-#include "runtime/cuda_util.h"
+#include "kernels/topk_plan.h"
 
 namespace poseidon {
 namespace cuda {
 namespace {
 
-constexpr uint32_t kNaNKey = 0x7f800001u;
-constexpr int kBins = 256;
-constexpr int kPasses = 4;  // 8 bits each, from the top
-constexpr int kThreads = 256;
+namespace plan = ::poseidon::topk_plan;
 
-struct TopKState {
-  uint32_t prefix;           // key bits fixed so far (then the threshold T)
-  uint32_t k_rem;            // how many of the top k lie at or below the prefix
-  long long cand_count;      // keys in the bin found by pass 1
-  long long part_counts[2];  // [0]: keys > T, [1]: keys == T
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kItems = 16;
+constexpr uint32_t kTile = kThreads * kItems;
+constexpr int kRows = kItems * kWarps;  // warp rows per tile, in index order
+
+enum Mode : uint32_t { kModeCandidates = 1, kModeFull = 2 };
+enum Pass : int { kFused = 0, kRefine2 = 1, kRefine3 = 2, kEmit = 3, kPasses = 4 };
+enum Fault : uint32_t { kFaultCounts = 1, kFaultSlot = 2, kFaultEmitted = 3 };
+
+// Copied to pinned host memory after every call.
+struct Outcome {
+  uint32_t fault;            // a Fault, 0 when consistent (sticky)
+  uint32_t mode;             // the path of the last call (Mode)
+  unsigned long long candidates;  // entries at or above the guess in the last call
+  unsigned long long emitted;     // entries written by the last call
+  unsigned long long calls;       // finished calls
 };
 
-__device__ __forceinline__ uint32_t KeyOf(float x) {
-  uint32_t u = __float_as_uint(x) & 0x7fffffffu;
-  return u > 0x7f800000u ? kNaNKey : u;
-}
+struct TopKState {
+  uint32_t epoch;  // tags this call's look-back words; >= 1, advanced at the end of each call
+  uint32_t guess;  // candidates have key >= guess; the next call's guess once pass 1 is done
+  uint32_t mode;
+  uint32_t prefix;  // the bits of T fixed so far, then T
+  unsigned long long k_rem;  // how many of the top k lie in the prefix's range
+  unsigned long long cand_count;
+  uint32_t tiles[kPasses];  // tile counters
+  uint32_t done[kPasses];   // finished blocks
+  Outcome outcome;
+};
 
-__global__ void InitState(TopKState* state, uint32_t* hist, uint32_t k) {
-  for (int i = threadIdx.x; i < kPasses * kBins; i += blockDim.x) hist[i] = 0;
-  if (threadIdx.x == 0) {
-    state->prefix = 0;
-    state->k_rem = k;
-    state->cand_count = 0;
-    state->part_counts[0] = 0;
-    state->part_counts[1] = 0;
-  }
-}
+struct Work {
+  TopKState* state;
+  uint32_t* hist1;  // plan::kBins1
+  uint32_t* hist2;  // plan::kBins2, one per refine pass
+  uint32_t* hist3;
+  uint32_t* cand_idx;
+  float* cand_val;
+  unsigned long long* fused_agg;  // one word per tile
+  unsigned long long* fused_inc;
+  unsigned long long* emit_agg;  // two words per tile
+  unsigned long long* emit_inc;
+  unsigned long long cap;  // candidate slots this call may use
+};
 
-// Counts one key in a shared histogram. The top byte of |x| is mostly the exponent, so for
-// gradient-like data most lanes of a warp hit the same few bins; lanes with equal bins are
-// grouped (__match_any_sync, sm_70+) and one of them adds the group's count, which removes the
-// serialization of same-address shared atomics.
+__device__ __forceinline__ uint32_t KeyOf(float x) { return plan::KeyOfBits(__float_as_uint(x)); }
+
+// Counts one key in a shared histogram. Lanes with equal bins are grouped (__match_any_sync,
+// sm_70+) and one of them adds the group's count: gradient keys crowd into a few bins.
 __device__ __forceinline__ void AddToBin(uint32_t* local, uint32_t bin) {
   const unsigned active = __activemask();
   const unsigned peers = __match_any_sync(active, bin);
@@ -81,203 +105,479 @@ __device__ __forceinline__ void AddToBin(uint32_t* local, uint32_t bin) {
   }
 }
 
-// Step 1. The expressions match the CPU kernel's, and the target is built with --fmad=false,
-// so the residual and momentum come out bit-identical to CpuKernels().
+// Whole block: true in the block that finished last (its reads then see every block's writes).
+__device__ bool LastBlock(uint32_t* done) {
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (s_last) __threadfence();
+  return s_last;
+}
+
+// Whole block: the next tile of this pass, in claim order.
+__device__ uint32_t ClaimTile(uint32_t* counter) {
+  __shared__ uint32_t s_tile;
+  __syncthreads();  // the previous tile's readers are done with s_tile
+  if (threadIdx.x == 0) s_tile = atomicAdd(counter, 1u);
+  __syncthreads();
+  return s_tile;
+}
+
+// Whole block: plan::PickDigit over a shared histogram, split over the threads (each sums a
+// group of bins from the top; a block scan gives the count above each group).
+template <int kBins>
+__device__ plan::DigitPick BlockPickDigit(const uint32_t* s_hist, unsigned long long rank) {
+  constexpr int kPer = kBins / kThreads;
+  static_assert(kPer * kThreads == kBins, "bins per thread");
+  using Scan = cub::BlockScan<unsigned long long, kThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ plan::DigitPick s_pick;
+  const int top = kBins - static_cast<int>(threadIdx.x) * kPer;  // exclusive
+  unsigned long long sum = 0;
+  for (int q = 0; q < kPer; ++q) sum += s_hist[top - 1 - q];
+  unsigned long long above = 0, total = 0;
+  Scan(tmp).ExclusiveSum(sum, above, total);
+  if (threadIdx.x == 0) s_pick = plan::DigitPick{0, total, false};
+  __syncthreads();
+  if (above < rank && above + sum >= rank) {
+    unsigned long long a = above;
+    for (int q = 0; q < kPer; ++q) {
+      const unsigned long long c = s_hist[top - 1 - q];
+      if (a + c >= rank) {
+        s_pick = plan::DigitPick{static_cast<uint32_t>(top - 1 - q), a, true};
+        break;
+      }
+      a += c;
+    }
+  }
+  __syncthreads();
+  plan::DigitPick p = s_pick;
+  __syncthreads();
+  return p;
+}
+
+// Thread 0 of a tile: publishes the tile's kC counts and returns the counts of all tiles
+// before it (decoupled look-back). Words are (epoch << 32) | count; a word from another call
+// has another epoch and reads as "not yet". Tile 0 publishes its inclusive counts at once, so
+// the walk back always ends. Counts stay below 2^32 (n <= 2^32 - 1).
+template <int kC>
+__device__ void LookBack(unsigned long long* agg, unsigned long long* inc, uint32_t tile,
+                         uint32_t epoch, const uint32_t (&mine)[kC], uint32_t (&before)[kC]) {
+  using Ref = ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device>;
+  const unsigned long long tag = static_cast<unsigned long long>(epoch) << 32;
+  for (int c = 0; c < kC; ++c) before[c] = 0;
+  if (tile != 0) {
+    for (int c = 0; c < kC; ++c) {
+      Ref(agg[tile * kC + c]).store(tag | mine[c], ::cuda::std::memory_order_relaxed);
+    }
+    int64_t p = static_cast<int64_t>(tile) - 1;
+    for (;;) {
+      unsigned long long w[kC];
+      bool ready = true;
+      for (int c = 0; c < kC; ++c) {
+        w[c] = Ref(inc[p * kC + c]).load(::cuda::std::memory_order_relaxed);
+        ready = ready && (w[c] >> 32) == epoch;
+      }
+      if (ready) {
+        for (int c = 0; c < kC; ++c) before[c] += static_cast<uint32_t>(w[c]);
+        break;
+      }
+      ready = true;
+      for (int c = 0; c < kC; ++c) {
+        w[c] = Ref(agg[p * kC + c]).load(::cuda::std::memory_order_relaxed);
+        ready = ready && (w[c] >> 32) == epoch;
+      }
+      if (ready) {
+        for (int c = 0; c < kC; ++c) before[c] += static_cast<uint32_t>(w[c]);
+        --p;  // tile 0 never publishes an aggregate, so p stays >= 0
+      } else {
+        __nanosleep(32);
+      }
+    }
+  }
+  for (int c = 0; c < kC; ++c) {
+    Ref(inc[tile * kC + c]).store(tag | (before[c] + mine[c]), ::cuda::std::memory_order_relaxed);
+  }
+}
+
+// Warp 0: exclusive prefix, in place, of the kRows counts of each of kC counters (row order is
+// index order); returns the tile totals in every lane.
+template <int kC>
+__device__ void ScanRows(uint32_t (*s_cnt)[kRows], uint32_t (&total)[kC]) {
+  constexpr int kPerLane = kRows / 32;
+  const unsigned lane = threadIdx.x & 31u;
+  for (int c = 0; c < kC; ++c) {
+    uint32_t v[kPerLane], sum = 0;
+    for (int q = 0; q < kPerLane; ++q) {
+      v[q] = s_cnt[c][lane * kPerLane + q];
+      sum += v[q];
+    }
+    uint32_t incl = sum;
+    for (int d = 1; d < 32; d <<= 1) {
+      const uint32_t up = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= static_cast<unsigned>(d)) incl += up;
+    }
+    uint32_t run = incl - sum;
+    for (int q = 0; q < kPerLane; ++q) {
+      s_cnt[c][lane * kPerLane + q] = run;
+      run += v[q];
+    }
+    total[c] = __shfl_sync(0xffffffffu, incl, 31);
+  }
+}
+
 template <bool kMom>
 __global__ void __launch_bounds__(kThreads)
-    FusedPass(const float* __restrict__ grad, float* __restrict__ residual, float* __restrict__ mom,
-              float momentum, size_t n, uint32_t* hist) {
-  __shared__ uint32_t local[kBins];
-  for (int i = threadIdx.x; i < kBins; i += blockDim.x) local[i] = 0;
+    FusedPass(const float* __restrict__ grad, float* __restrict__ residual,
+              float* __restrict__ mom, float momentum, unsigned long long n, unsigned long long k,
+              Work w) {
+  __shared__ uint32_t s_hist[plan::kBins1];
+  __shared__ uint32_t s_cnt[1][kRows];
+  __shared__ uint32_t s_before;
+  TopKState* st = w.state;
+  for (int i = threadIdx.x; i < plan::kBins1; i += kThreads) s_hist[i] = 0;
+  const uint32_t epoch = st->epoch;
+  const uint32_t guess = st->guess;
+  const uint32_t num_tiles = static_cast<uint32_t>((n + kTile - 1) / kTile);
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
   __syncthreads();
-  size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float u = grad[i];
-    if (kMom) {
-      u = momentum * mom[i] + u;
-      mom[i] = u;
+  for (;;) {
+    const uint32_t tile = ClaimTile(&st->tiles[kFused]);
+    if (tile >= num_tiles) break;
+    const unsigned long long base = static_cast<unsigned long long>(tile) * kTile + threadIdx.x;
+    // Loads first, all of them in flight at once; striped, so every warp reads 128 contiguous
+    // bytes per row.
+    float g[kItems], r[kItems], m[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const unsigned long long i = base + static_cast<unsigned long long>(j) * kThreads;
+      if (i < n) {
+        g[j] = grad[i];
+        r[j] = residual[i];
+        if (kMom) m[j] = mom[i];
+      }
     }
-    float r = residual[i] + u;
-    residual[i] = r;
-    AddToBin(local, KeyOf(r) >> 24);
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kBins; i += blockDim.x) {
-    if (local[i] != 0) atomicAdd(&hist[i], local[i]);
-  }
-}
-
-// Step 2: the bin of the k_rem-th largest key among those matching the prefix.
-__global__ void FindDigit(const uint32_t* hist, TopKState* state, int shift) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  uint64_t k_rem = state->k_rem;
-  uint64_t above = 0;  // 64-bit: bins may sum to almost 2^32
-  int digit = 0;
-  for (int d = kBins - 1; d >= 0; --d) {
-    uint64_t c = hist[d];
-    if (above + c >= k_rem) {
-      digit = d;
-      break;
+    unsigned ballot[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const unsigned long long i = base + static_cast<unsigned long long>(j) * kThreads;
+      bool cand = false;
+      if (i < n) {
+        // The CPU kernel's expressions; --fmad=false keeps them bit-identical.
+        float u = g[j];
+        if (kMom) {
+          u = momentum * m[j] + u;
+          mom[i] = u;
+        }
+        const float v = r[j] + u;
+        residual[i] = v;
+        r[j] = v;
+        const uint32_t key = KeyOf(v);
+        AddToBin(s_hist, key >> plan::kShift1);
+        cand = key >= guess;
+      }
+      ballot[j] = __ballot_sync(0xffffffffu, cand);
+      if (lane == 0) s_cnt[0][j * kWarps + warp] = __popc(ballot[j]);
     }
-    above += c;
-  }
-  state->prefix |= static_cast<uint32_t>(digit) << shift;
-  state->k_rem = static_cast<uint32_t>(k_rem - above);
-}
-
-// Step 3 predicate: the key's top byte is pass 1's digit.
-struct InTopBin {
-  const TopKState* state;
-  __device__ bool operator()(float r) const { return (KeyOf(r) >> 24) == (state->prefix >> 24); }
-};
-
-// Step 4: histogram of the candidates that match the prefix in the bits above `shift + 8`.
-__global__ void __launch_bounds__(kThreads)
-    RefinePass(const float* __restrict__ cand, const TopKState* state, uint32_t* hist, int shift) {
-  __shared__ uint32_t local[kBins];
-  for (int i = threadIdx.x; i < kBins; i += blockDim.x) local[i] = 0;
-  __syncthreads();
-  const long long count = state->cand_count;
-  const uint32_t mask = ~0u << (shift + 8);
-  const uint32_t want = state->prefix & mask;
-  long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    uint32_t key = KeyOf(cand[i]);
-    if ((key & mask) == want) atomicAdd(&local[(key >> shift) & 0xffu], 1u);
+    __syncthreads();
+    if (warp == 0) {
+      uint32_t total[1];
+      ScanRows<1>(s_cnt, total);
+      if (lane == 0) {
+        uint32_t before[1];
+        LookBack<1>(w.fused_agg, w.fused_inc, tile, epoch, total, before);
+        s_before = before[0];
+        if (tile + 1 == num_tiles) st->cand_count = static_cast<unsigned long long>(before[0]) + total[0];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if ((ballot[j] >> lane) & 1u) {
+        const unsigned long long slot = static_cast<unsigned long long>(s_before) +
+                                        s_cnt[0][j * kWarps + warp] +
+                                        __popc(ballot[j] & lanes_below);
+        if (slot < w.cap) {
+          w.cand_idx[slot] = static_cast<uint32_t>(base + static_cast<unsigned long long>(j) * kThreads);
+          w.cand_val[slot] = r[j];
+        }
+      }
+    }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kBins; i += blockDim.x) {
-    if (local[i] != 0) atomicAdd(&hist[i], local[i]);
+  for (int i = threadIdx.x; i < plan::kBins1; i += kThreads) {
+    if (s_hist[i] != 0) atomicAdd(&w.hist1[i], s_hist[i]);
+  }
+  if (!LastBlock(&st->done[kFused])) return;
+
+  // The plan, in the last block: s_hist takes the merged histogram (and the global one is
+  // cleared for the next call).
+  for (int i = threadIdx.x; i < plan::kBins1; i += kThreads) {
+    s_hist[i] = __ldcg(&w.hist1[i]);
+    w.hist1[i] = 0;
+  }
+  __syncthreads();
+  const plan::DigitPick first = BlockPickDigit<plan::kBins1>(s_hist, k);
+  const plan::DigitPick next = BlockPickDigit<plan::kBins1>(s_hist, plan::GuessTarget(k));
+  if (threadIdx.x == 0) {
+    const unsigned long long count = __ldcg(&st->cand_count);
+    const bool candidates = plan::CandidatesSuffice(count, k, w.cap);
+    st->mode = candidates ? kModeCandidates : kModeFull;
+    st->prefix = first.digit << plan::kShift1;
+    st->k_rem = k - first.above;
+    if (!first.found) st->outcome.fault = kFaultCounts;
+    st->guess = plan::NextGuessFromPick(next);
+    st->outcome.mode = st->mode;
+    st->outcome.candidates = count;
+    st->tiles[kFused] = 0;
+    st->done[kFused] = 0;
   }
 }
 
-// Step 5 predicates over indices.
-struct AboveThreshold {
-  const float* residual;
-  const TopKState* state;
-  __device__ bool operator()(uint32_t i) const { return KeyOf(residual[i]) > state->prefix; }
-};
-struct AtThreshold {
-  const float* residual;
-  const TopKState* state;
-  __device__ bool operator()(uint32_t i) const { return KeyOf(residual[i]) == state->prefix; }
-};
-
-// First position in sorted a[0..len) whose value is >= x.
-__device__ __forceinline__ long long LowerBound(const uint32_t* a, long long len, uint32_t x) {
-  long long lo = 0, hi = len;
-  while (lo < hi) {
-    long long mid = (lo + hi) / 2;
-    if (a[mid] < x)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
-// Step 6.
+// Passes 2 and 3: the digit at `shift` (10 or 0) among the keys that match the prefix above it.
+template <int kShift>
 __global__ void __launch_bounds__(kThreads)
-    MergeEmit(const uint32_t* __restrict__ above, const uint32_t* __restrict__ ties,
-              const TopKState* state, size_t k, float* residual, float* mom,
-              uint32_t* __restrict__ out_idx, float* __restrict__ out_val) {
-  size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= k) return;
-  const long long n_above = state->part_counts[0];
-  const long long take = static_cast<long long>(k) - n_above;  // == state->k_rem
-  uint32_t idx;
-  long long pos;
-  if (static_cast<long long>(t) < n_above) {
-    idx = above[t];
-    pos = static_cast<long long>(t) + LowerBound(ties, take, idx);
-  } else {
-    long long j = static_cast<long long>(t) - n_above;
-    idx = ties[j];
-    pos = j + LowerBound(above, n_above, idx);
+    Refine(const float* __restrict__ residual, unsigned long long n, Work w, uint32_t* hist,
+           int pass) {
+  __shared__ uint32_t s_hist[plan::kBins2];
+  TopKState* st = w.state;
+  for (int i = threadIdx.x; i < plan::kBins2; i += kThreads) s_hist[i] = 0;
+  __syncthreads();
+  const bool candidates = st->mode == kModeCandidates;
+  const unsigned long long m = candidates ? st->cand_count : n;
+  const float* src = candidates ? w.cand_val : residual;
+  constexpr int kHigh = kShift + plan::kBits2;
+  const uint32_t want = st->prefix >> kHigh;
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * kThreads;
+  for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * kThreads + threadIdx.x;
+       i < m; i += stride) {
+    const uint32_t key = KeyOf(src[i]);
+    if ((key >> kHigh) == want) AddToBin(s_hist, (key >> kShift) & (plan::kBins2 - 1));
   }
-  out_idx[pos] = idx;
-  out_val[pos] = residual[idx];
-  residual[idx] = 0.0f;
-  if (mom != nullptr) mom[idx] = 0.0f;
+  __syncthreads();
+  for (int i = threadIdx.x; i < plan::kBins2; i += kThreads) {
+    if (s_hist[i] != 0) atomicAdd(&hist[i], s_hist[i]);
+  }
+  if (!LastBlock(&st->done[pass])) return;
+  for (int i = threadIdx.x; i < plan::kBins2; i += kThreads) {
+    s_hist[i] = __ldcg(&hist[i]);
+    hist[i] = 0;
+  }
+  __syncthreads();
+  const plan::DigitPick pick = BlockPickDigit<plan::kBins2>(s_hist, st->k_rem);
+  if (threadIdx.x == 0) {
+    if (!pick.found) st->outcome.fault = kFaultCounts;
+    st->prefix |= pick.digit << kShift;
+    st->k_rem -= pick.above;
+    st->done[pass] = 0;
+  }
+}
+
+template <bool kMom>
+__global__ void __launch_bounds__(kThreads)
+    Emit(float* __restrict__ residual, float* __restrict__ mom, unsigned long long n,
+         unsigned long long k, uint32_t* __restrict__ out_idx, float* __restrict__ out_val,
+         Work w) {
+  __shared__ uint32_t s_cnt[2][kRows];
+  __shared__ uint32_t s_before[2];
+  TopKState* st = w.state;
+  const uint32_t epoch = st->epoch;
+  const bool candidates = st->mode == kModeCandidates;
+  const unsigned long long m = candidates ? st->cand_count : n;
+  const uint32_t t_key = st->prefix;
+  const unsigned long long k_rem = st->k_rem;
+  const uint32_t num_tiles = static_cast<uint32_t>((m + kTile - 1) / kTile);
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (;;) {
+    const uint32_t tile = ClaimTile(&st->tiles[kEmit]);
+    if (tile >= num_tiles) break;
+    const unsigned long long base = static_cast<unsigned long long>(tile) * kTile + threadIdx.x;
+    uint32_t idx[kItems];
+    float val[kItems];
+    unsigned above[kItems], ties[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const unsigned long long p = base + static_cast<unsigned long long>(j) * kThreads;
+      bool a = false, t = false;
+      if (p < m) {
+        idx[j] = candidates ? w.cand_idx[p] : static_cast<uint32_t>(p);
+        val[j] = candidates ? w.cand_val[p] : residual[p];
+        const uint32_t key = KeyOf(val[j]);
+        a = key > t_key;
+        t = key == t_key;
+      }
+      above[j] = __ballot_sync(0xffffffffu, a);
+      ties[j] = __ballot_sync(0xffffffffu, t);
+      if (lane == 0) {
+        s_cnt[0][j * kWarps + warp] = __popc(above[j]);
+        s_cnt[1][j * kWarps + warp] = __popc(ties[j]);
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      uint32_t total[2];
+      ScanRows<2>(s_cnt, total);
+      if (lane == 0) {
+        uint32_t before[2];
+        LookBack<2>(w.emit_agg, w.emit_inc, tile, epoch, total, before);
+        s_before[0] = before[0];
+        s_before[1] = before[1];
+        if (tile + 1 == num_tiles) {
+          st->outcome.emitted = plan::OutputSlot(static_cast<unsigned long long>(before[0]) + total[0],
+                                                 static_cast<unsigned long long>(before[1]) + total[1],
+                                                 k_rem);
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const bool a = (above[j] >> lane) & 1u, t = (ties[j] >> lane) & 1u;
+      if (!a && !t) continue;
+      const int row = j * kWarps + warp;
+      const unsigned long long a_before =
+          static_cast<unsigned long long>(s_before[0]) + s_cnt[0][row] + __popc(above[j] & lanes_below);
+      const unsigned long long t_before =
+          static_cast<unsigned long long>(s_before[1]) + s_cnt[1][row] + __popc(ties[j] & lanes_below);
+      if (t && t_before >= k_rem) continue;  // a tie beyond the top k
+      const unsigned long long slot = plan::OutputSlot(a_before, t_before, k_rem);
+      if (slot >= k) {
+        st->outcome.fault = kFaultSlot;
+        continue;
+      }
+      out_idx[slot] = idx[j];
+      out_val[slot] = val[j];
+      residual[idx[j]] = 0.0f;
+      if (kMom) mom[idx[j]] = 0.0f;
+    }
+  }
+  if (!LastBlock(&st->done[kEmit])) return;
+  if (threadIdx.x == 0) {
+    if (__ldcg(&st->outcome.emitted) != k) st->outcome.fault = kFaultEmitted;
+    st->outcome.calls += 1;
+    st->epoch = epoch + 1 == 0 ? 1 : epoch + 1;
+    st->tiles[kEmit] = 0;
+    st->done[kEmit] = 0;
+  }
+}
+
+// Only when the workspace is (re)made: everything zero but the epoch and the guess.
+__global__ void InitState(TopKState* st) {
+  if (threadIdx.x == 0) {
+    st->epoch = 1;
+    st->guess = plan::kGuessNone;
+  }
 }
 
 class TopKWorkspace final : public KernelWorkspace {
  public:
   ~TopKWorkspace() override {
+    // cudaFree waits for the device, so queued calls finish first.
     if (block_ != nullptr) cudaFree(block_);
+    if (host_ != nullptr) cudaFreeHost(const_cast<Outcome*>(host_));
   }
 
-  // Makes room for (n, k) on the current device.
+  // The outcome of the calls whose copy has landed (the last one once the stream has passed).
+  Outcome Read() const {
+    Outcome a{}, b{};
+    if (host_ == nullptr) return a;
+    std::memcpy(&a, const_cast<const Outcome*>(host_), sizeof(a));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    std::memcpy(&b, const_cast<const Outcome*>(host_), sizeof(b));
+    return std::memcmp(&a, &b, sizeof(a)) == 0 ? a : Outcome{};
+  }
+
+  Status EarlierFault() const {
+    const Outcome o = Read();
+    if (o.fault == 0) return Status::Ok();
+    return InternalError("FusedResidualTopK: an earlier call on this workspace found inconsistent "
+                         "counts on the device (fault ", o.fault, " after ", o.calls,
+                         " calls), so its selection may not be exact; the workspace refuses "
+                         "further calls. Please report this with n and k.");
+  }
+
+  // Makes room for (n, k) on the current device (first call, growth, another device).
   Status Reserve(size_t n, size_t k, cudaStream_t stream) {
     int device = 0;
     PSD_CUDA_CHECK(cudaGetDevice(&device));
-    if (block_ != nullptr && device == device_ && n <= cap_n_ && k <= cap_k_) return Status::Ok();
+    const uint64_t cap = plan::CandidateCapacity(n, k);
+    if (block_ != nullptr && device == device_ && n <= cap_n_ && cap <= cap_slots_) {
+      return Status::Ok();
+    }
     if (device != device_) {
       PSD_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+      int per_sm = 0;
+      PSD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, FusedPass<true>,
+                                                                   kThreads, 0));
+      fused_blocks_ = std::max(1, per_sm) * sm_count_;
+      PSD_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Emit<true>, kThreads, 0));
+      emit_blocks_ = std::max(1, per_sm) * sm_count_;
     }
-    size_t want_n = std::max(n, cap_n_), want_k = std::max(k, cap_k_);
-    if (device != device_) want_n = n, want_k = k;
-    // CUB's temporary storage for the largest n (its size grows with n only).
-    size_t select_bytes = 0, partition_bytes = 0;
-    // Size queries only: CUB dereferences none of these pointers.
-    const TopKState* null_state = nullptr;
-    long long* null_counts = nullptr;
-    PSD_CUDA_CHECK(cub::DeviceSelect::If(
-        nullptr, select_bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
-        null_counts, static_cast<int64_t>(want_n), InTopBin{null_state}, stream));
-    PSD_CUDA_CHECK(cub::DevicePartition::If(
-        nullptr, partition_bytes, thrust::counting_iterator<uint32_t>(0),
-        static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-        thrust::make_discard_iterator(), null_counts, static_cast<int64_t>(want_n),
-        AboveThreshold{nullptr, null_state}, AtThreshold{nullptr, null_state}, stream));
-    size_t temp = std::max(select_bytes, partition_bytes);
-
-    auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
-    size_t off_hist = align(sizeof(TopKState));
-    size_t off_cand = off_hist + align(kPasses * kBins * sizeof(uint32_t));
-    size_t off_above = off_cand + align(want_n * sizeof(float));
-    size_t off_temp = off_above + align(want_k * sizeof(uint32_t));
-    size_t total = off_temp + align(temp);
+    const uint64_t want_n = device == device_ ? std::max<uint64_t>(n, cap_n_) : n;
+    const uint64_t want_slots = device == device_ ? std::max<uint64_t>(cap, cap_slots_) : cap;
+    const uint64_t tiles = (want_n + kTile - 1) / kTile;
+    auto align = [](uint64_t b) { return (b + 255) & ~uint64_t{255}; };
+    const uint64_t off_h1 = align(sizeof(TopKState));
+    const uint64_t off_h2 = off_h1 + align(plan::kBins1 * 4);
+    const uint64_t off_h3 = off_h2 + align(plan::kBins2 * 4);
+    const uint64_t off_ci = off_h3 + align(plan::kBins2 * 4);
+    const uint64_t off_cv = off_ci + align(want_slots * 4);
+    const uint64_t off_fa = off_cv + align(want_slots * 4);
+    const uint64_t off_fi = off_fa + align(tiles * 8);
+    const uint64_t off_ea = off_fi + align(tiles * 8);
+    const uint64_t off_ei = off_ea + align(2 * tiles * 8);
+    const uint64_t total = off_ei + align(2 * tiles * 8);
     if (block_ != nullptr) {
-      // cudaFree waits for the device: only on first use and growth (see the file comment).
-      PSD_CUDA_CHECK(cudaFree(block_));
+      PSD_CUDA_CHECK(cudaFree(block_));  // waits for the device: first call and growth only
       block_ = nullptr;
     }
     void* p = nullptr;
-    PSD_CHECK(
-        CudaStatus(cudaMalloc(&p, total),
-                   StrCat("FusedResidualTopK: cudaMalloc(", total, " bytes workspace)").c_str()));
+    PSD_CHECK(AllocOrClear(cudaMalloc(&p, total),
+                           StrCat("FusedResidualTopK: cudaMalloc(", total, " bytes workspace)")));
     block_ = p;
+    if (host_ == nullptr) {
+      void* h = nullptr;
+      PSD_CHECK(AllocOrClear(cudaMallocHost(&h, sizeof(Outcome)),
+                             "FusedResidualTopK: cudaMallocHost(outcome)"));
+      std::memset(h, 0, sizeof(Outcome));
+      host_ = static_cast<Outcome*>(h);
+    }
     auto* base = static_cast<unsigned char*>(p);
-    state_ = reinterpret_cast<TopKState*>(base);
-    hist_ = reinterpret_cast<uint32_t*>(base + off_hist);
-    cand_ = reinterpret_cast<float*>(base + off_cand);
-    above_ = reinterpret_cast<uint32_t*>(base + off_above);
-    temp_ = base + off_temp;
-    temp_bytes_ = align(temp);
+    work_.state = reinterpret_cast<TopKState*>(base);
+    work_.hist1 = reinterpret_cast<uint32_t*>(base + off_h1);
+    work_.hist2 = reinterpret_cast<uint32_t*>(base + off_h2);
+    work_.hist3 = reinterpret_cast<uint32_t*>(base + off_h3);
+    work_.cand_idx = reinterpret_cast<uint32_t*>(base + off_ci);
+    work_.cand_val = reinterpret_cast<float*>(base + off_cv);
+    work_.fused_agg = reinterpret_cast<unsigned long long*>(base + off_fa);
+    work_.fused_inc = reinterpret_cast<unsigned long long*>(base + off_fi);
+    work_.emit_agg = reinterpret_cast<unsigned long long*>(base + off_ea);
+    work_.emit_inc = reinterpret_cast<unsigned long long*>(base + off_ei);
+    // Zeros everywhere (histograms, counters, look-back words of epoch 0, which no call uses),
+    // then the first epoch and a guess that collects nothing (the first call takes the full
+    // path and sets a real guess).
+    PSD_CUDA_CHECK(cudaMemsetAsync(p, 0, total, stream));
+    InitState<<<1, 32, 0, stream>>>(work_.state);
+    PSD_CUDA_CHECK(cudaGetLastError());
     cap_n_ = want_n;
-    cap_k_ = want_k;
+    cap_slots_ = want_slots;
     device_ = device;
     return Status::Ok();
   }
 
   int device_ = -1;
   int sm_count_ = 1;
-  size_t cap_n_ = 0, cap_k_ = 0, temp_bytes_ = 0;
+  int fused_blocks_ = 1, emit_blocks_ = 1;
+  uint64_t cap_n_ = 0, cap_slots_ = 0;
   void* block_ = nullptr;
-  TopKState* state_ = nullptr;
-  uint32_t* hist_ = nullptr;
-  float* cand_ = nullptr;
-  uint32_t* above_ = nullptr;
-  void* temp_ = nullptr;
+  volatile Outcome* host_ = nullptr;
+  Work work_{};
 };
-
-unsigned GridFor(size_t n, int sm_count) {
-  size_t blocks = (n + kThreads - 1) / kThreads;
-  size_t cap = static_cast<size_t>(sm_count) * 8;  // enough to fill the GPU; loops do the rest
-  return static_cast<unsigned>(std::max<size_t>(1, std::min(blocks, cap)));
-}
 
 }  // namespace
 
@@ -290,49 +590,55 @@ bool IsTopKWorkspace(const KernelWorkspace* ws) {
 Status LaunchFusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
                                float momentum, size_t n, size_t k, uint32_t* out_idx,
                                float* out_val, KernelWorkspace* ws, cudaStream_t stream) {
+  PSD_CHECK(ClearStaleError("FusedResidualTopK"));
   auto* w = static_cast<TopKWorkspace*>(ws);
+  PSD_CHECK(w->EarlierFault());
   PSD_CHECK(w->Reserve(n, k, stream));
-  const unsigned grid = GridFor(n, w->sm_count_);
-  TopKState* state = w->state_;
-
-  InitState<<<1, kThreads, 0, stream>>>(state, w->hist_, static_cast<uint32_t>(k));
+  Work work = w->work_;
+  work.cap = std::min<uint64_t>(plan::CandidateCapacity(n, k), w->cap_slots_);
+  const uint64_t tiles = (n + kTile - 1) / kTile;
+  const unsigned fused_grid =
+      static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>(tiles, w->fused_blocks_)));
+  const unsigned emit_grid =
+      static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>(tiles, w->emit_blocks_)));
+  // The refine passes read the candidates or all n: a grid that fills the GPU either way.
+  const unsigned refine_grid = static_cast<unsigned>(std::max<uint64_t>(
+      1, std::min<uint64_t>((n + kThreads - 1) / kThreads, 4ull * w->sm_count_)));
+  const unsigned long long nn = n, kk = k;
   if (momentum_buf != nullptr) {
-    FusedPass<true>
-        <<<grid, kThreads, 0, stream>>>(grad, residual, momentum_buf, momentum, n, w->hist_);
+    FusedPass<true><<<fused_grid, kThreads, 0, stream>>>(grad, residual, momentum_buf, momentum,
+                                                         nn, kk, work);
   } else {
-    FusedPass<false><<<grid, kThreads, 0, stream>>>(grad, residual, nullptr, momentum, n, w->hist_);
+    FusedPass<false><<<fused_grid, kThreads, 0, stream>>>(grad, residual, nullptr, momentum, nn,
+                                                          kk, work);
   }
-  FindDigit<<<1, 1, 0, stream>>>(w->hist_, state, 24);
-  PSD_CUDA_CHECK(cudaGetLastError());
-
-  size_t temp = w->temp_bytes_;
-  PSD_CUDA_CHECK(cub::DeviceSelect::If(w->temp_, temp, static_cast<const float*>(residual),
-                                       w->cand_, &state->cand_count, static_cast<int64_t>(n),
-                                       InTopBin{state}, stream));
-  for (int pass = 1; pass < kPasses; ++pass) {
-    int shift = 24 - 8 * pass;
-    uint32_t* hist = w->hist_ + pass * kBins;
-    // The candidate count lives on the device, so the grid is sized for the worst case (all
-    // n) and threads past the count exit at once.
-    RefinePass<<<grid, kThreads, 0, stream>>>(w->cand_, state, hist, shift);
-    FindDigit<<<1, 1, 0, stream>>>(hist, state, shift);
+  Refine<10><<<refine_grid, kThreads, 0, stream>>>(residual, nn, work, work.hist2, kRefine2);
+  Refine<0><<<refine_grid, kThreads, 0, stream>>>(residual, nn, work, work.hist3, kRefine3);
+  if (momentum_buf != nullptr) {
+    Emit<true><<<emit_grid, kThreads, 0, stream>>>(residual, momentum_buf, nn, kk, out_idx,
+                                                   out_val, work);
+  } else {
+    Emit<false><<<emit_grid, kThreads, 0, stream>>>(residual, nullptr, nn, kk, out_idx, out_val,
+                                                    work);
   }
   PSD_CUDA_CHECK(cudaGetLastError());
-
-  // The candidate buffer is free now: it receives the indices of the ties.
-  uint32_t* ties = reinterpret_cast<uint32_t*>(w->cand_);
-  temp = w->temp_bytes_;
-  PSD_CUDA_CHECK(cub::DevicePartition::If(
-      w->temp_, temp, thrust::counting_iterator<uint32_t>(0), w->above_, ties,
-      thrust::make_discard_iterator(), state->part_counts, static_cast<int64_t>(n),
-      AboveThreshold{residual, state}, AtThreshold{residual, state}, stream));
-
-  unsigned merge_grid = static_cast<unsigned>((k + kThreads - 1) / kThreads);
-  MergeEmit<<<merge_grid, kThreads, 0, stream>>>(w->above_, ties, state, k, residual, momentum_buf,
-                                                 out_idx, out_val);
-  PSD_CUDA_CHECK(cudaGetLastError());
+  PSD_CUDA_CHECK(cudaMemcpyAsync(const_cast<Outcome*>(w->host_), &work.state->outcome,
+                                 sizeof(Outcome), cudaMemcpyDeviceToHost, stream));
   return Status::Ok();
 }
 
 }  // namespace cuda
+
+Result<CudaTopKCall> LastCudaTopKCall(const KernelWorkspace& ws) {
+  const auto* w = dynamic_cast<const cuda::TopKWorkspace*>(&ws);
+  PSD_REQUIRE_ARG(w != nullptr, "LastCudaTopKCall: the workspace is not CudaKernels()'s");
+  const cuda::Outcome o = w->Read();
+  CudaTopKCall c;
+  c.calls = o.calls;
+  c.used_candidates = o.mode == cuda::kModeCandidates;
+  c.candidates = o.candidates;
+  c.fault = o.fault;
+  return c;
+}
+
 }  // namespace poseidon
