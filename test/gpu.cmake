@@ -2,6 +2,14 @@
 # two ctest entries: the argument checks and no-GPU failure paths, which run (and must pass)
 # everywhere, and the comparisons that need a device, which ctest reports as skipped where the
 # output says "no usable GPU" (the CUDA error string follows it; see ctest -V).
+
+# The device backends' logic that needs no GPU (deadlines, the NCCL watchdog's rule, scratch
+# growth, the ReduceScatter plan): a unit test that runs in every build.
+add_executable(device_backend_logic_test unit/device_backend_logic_test.cc)
+target_link_libraries(device_backend_logic_test PRIVATE poseidon_runtime GTest::gtest_main)
+add_test(NAME device_backend_logic_test COMMAND device_backend_logic_test)
+set_tests_properties(device_backend_logic_test PROPERTIES TIMEOUT 60 LABELS "unit;gpu")
+
 if(POSEIDON_CUDA_ENABLED AND TARGET poseidon_kernels_cuda)
   set(_psd_no_gpu "no usable GPU")
 
