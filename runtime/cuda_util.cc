@@ -2,12 +2,18 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <utility>
+
+#include "runtime/device_backend_logic.h"
 
 namespace poseidon {
 
 Status CudaStatus(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
+  // The one place a reported failure is cleared: a non-sticky error left in the last-error
+  // state would make the next cudaGetLastError check fail with this old error.
+  (void)cudaGetLastError();
   return BackendError(what, " failed: ", cudaGetErrorName(err), " (", static_cast<int>(err),
                       "): ", cudaGetErrorString(err));
 }
@@ -138,6 +144,7 @@ PinnedPool::~PinnedPool() {
 Result<PinnedPool::Buffer> PinnedPool::Acquire(size_t bytes) {
   if (bytes == 0) bytes = 1;
   Buffer b;
+  size_t largest_free = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Smallest free buffer that fits, so large buffers stay available for large calls.
@@ -152,20 +159,14 @@ Result<PinnedPool::Buffer> PinnedPool::Acquire(size_t bytes) {
       b.data_ = free_[best].first;
       b.capacity_ = free_[best].second;
       free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
-    } else if (!free_.empty()) {
-      // None fits: drop the largest free one (it is too small) so the pool does not keep
-      // growing with buffers nobody can use, then allocate a bigger one below.
-      size_t largest = 0;
-      for (size_t i = 1; i < free_.size(); ++i) {
-        if (free_[i].second > free_[largest].second) largest = i;
-      }
-      cudaFreeHost(free_[largest].first);
-      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(largest));
+    } else {
+      // None fits: the free ones stay for smaller calls (never freed before the pool is: see
+      // the header) and the new one is at least twice the largest of them.
+      for (const auto& f : free_) largest_free = std::max(largest_free, f.second);
     }
   }
   if (b.data_ == nullptr) {
-    // Round up to 1 MiB steps so slowly growing calls reuse one buffer.
-    size_t cap = (bytes + (1u << 20) - 1) & ~static_cast<size_t>((1u << 20) - 1);
+    size_t cap = device::GrowCapacity(largest_free, bytes);
     void* p = nullptr;
     PSD_CHECK(
         CudaStatus(cudaMallocHost(&p, cap), StrCat("cudaMallocHost(", cap, " bytes)").c_str()));

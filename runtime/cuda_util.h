@@ -13,11 +13,16 @@
 #include <string>
 #include <vector>
 
+#include "runtime/dtype.h"
 #include "runtime/status.h"
 
 namespace poseidon {
 
 // OK for cudaSuccess; otherwise kBackendError "<what> failed: cudaErrorX (n): <description>".
+// A failure is also cleared from the runtime's last-error state (cudaGetLastError), so that a
+// non-sticky error (a failed cudaMalloc, a bad launch configuration) reported here is not
+// reported again by the next, unrelated check. Sticky errors (a fault that corrupted the
+// context) cannot be cleared and keep failing every later call, as they must.
 Status CudaStatus(cudaError_t err, const char* what);
 
 // Evaluates a cudaError_t expression and returns its Status (with the location) on failure.
@@ -35,6 +40,15 @@ std::string DescribeCudaDevices();
 // copies need; names the call, the buffer and what the pointer is instead. null with
 // bytes == 0 is accepted.
 Status CheckDevicePointer(const char* call, const char* which, const void* p, size_t bytes);
+
+// Enqueues on `stream` the widening of n float16 / bfloat16 elements (dtype) to float32, so
+// that a sum of half-precision values accumulates in float32 (the Backend contract). Exact.
+Status LaunchWidenToFloat32(DType dtype, const void* src, float* dst, size_t n,
+                            cudaStream_t stream);
+// Enqueues on `stream` the rounding of n float32 elements to float16 / bfloat16 (to nearest,
+// ties to even, as the host backend rounds). src and dst may not overlap.
+Status LaunchNarrowFromFloat32(DType dtype, const float* src, void* dst, size_t n,
+                               cudaStream_t stream);
 
 // A cudaEvent_t owned by value (timing disabled).
 class CudaEvent {
@@ -58,7 +72,11 @@ class CudaEvent {
 
 // Pinned (page-locked) host buffers, grown and reused: the staged backend copies device data
 // through them. Acquire returns a buffer of at least `bytes`; releasing it (destruction of the
-// handle) puts it back for the next caller. The pool is thread-safe.
+// handle) puts it back for the next caller. A buffer is never freed before the pool is
+// destroyed (cudaFreeHost synchronizes the device, which may deadlock against collective
+// kernels waiting for peers): when no free buffer fits, a new one is allocated at least twice
+// the largest free one (device::GrowCapacity), so a steady workload stops allocating after a
+// few calls and a growing one allocates O(log(size)) times. The pool is thread-safe.
 class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
  public:
   class Buffer {
