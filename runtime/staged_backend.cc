@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <utility>
 
 #include "runtime/arg_check.h"
@@ -9,10 +10,34 @@
 
 namespace poseidon {
 
-// A pinned buffer whose copy back to the device may still be running.
+using device::Backoff;
+using device::Deadline;
+
+// A pinned buffer that a copy from or to it may still use.
 struct StagedBackend::InFlight {
   CudaEvent done;
   PinnedPool::Buffer buf;
+};
+
+// A non-blocking call from its start to its completion. The request owns it; the backend's
+// queue shares it until its host collective is posted. Fields are written under post_mu_
+// until `posted` or `error` is set, then by the request only.
+struct StagedBackend::Op {
+  enum class Kind { kAllReduce, kReduceScatter, kAllGatherV };
+  Kind kind = Kind::kAllReduce;
+  const char* call = "";
+  DType dtype = DType::kFloat32;
+  size_t count = 0;            // kAllReduce
+  std::vector<size_t> counts;  // the others
+  CallOptions host;            // the host collective's options
+  PinnedPool::Buffer buf;      // [0, out_offset): the input; the output at out_offset
+  size_t out_offset = 0, out_bytes = 0;
+  void* dev_out = nullptr;
+  cudaStream_t stream = nullptr;
+  CudaEvent staged;  // recorded after the copy of the input to buf
+  std::unique_ptr<Request> host_req;
+  bool posted = false;
+  Status error;  // set when the call can never complete
 };
 
 namespace {
@@ -38,78 +63,33 @@ Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
   return Status::Ok();
 }
 
-
 unsigned char* At(void* base, size_t bytes) { return static_cast<unsigned char*>(base) + bytes; }
 
 // A pinned buffer that a host collective which gave up may still write (MPI cannot cancel a
-// posted collective): it must never return to the pool, so it is leaked on purpose.
+// posted collective), or that a copy may still use when no event can tell when it ends: it
+// must never return to the pool, so it is leaked on purpose.
 void LeakForever(PinnedPool::Buffer buf) { (void)new PinnedPool::Buffer(std::move(buf)); }
 
-// Completes a host request, then enqueues the copy of its result back to the device.
-class StagedRequest : public Request {
- public:
-  StagedRequest(std::unique_ptr<Request> host, PinnedPool::Buffer buf, void* dev, size_t offset,
-                size_t bytes, cudaStream_t stream, CudaEvent done)
-      : host_(std::move(host)),
-        buf_(std::move(buf)),
-        dev_(dev),
-        offset_(offset),
-        bytes_(bytes),
-        stream_(stream),
-        done_(std::move(done)) {}
-
-  ~StagedRequest() override {
-    // The host request's own destructor waits for MPI; the pinned buffer may go back to the
-    // pool only after the device copy out of it has finished.
-    if (copied_) (void)done_.Synchronize();
-  }
-
-  Result<bool> Test() override {
-    if (copied_) return true;
-    PSD_CHECK(error_);
-    PSD_ASSIGN_OR_RETURN(bool host_done, host_->Test());
-    if (!host_done) return false;
-    PSD_CHECK(CopyBack());
-    return true;
-  }
-
-  using Request::Wait;
-  Status Wait(const Interrupt* interrupt) override {
-    if (copied_) return Status::Ok();
-    PSD_CHECK(error_);
-    Status waited = host_->Wait(interrupt);
-    if (!waited.ok()) {
-      // The host request may be abandoned with MPI still writing into the buffer.
-      error_ = waited;
-      LeakForever(std::move(buf_));
-      return waited;
+// Waits for `ev` by polling, within the deadline and the interrupt (a host wait for the
+// device: a blocked stream must not block the host for ever).
+Status WaitEvent(const CudaEvent& ev, double timeout_s, const Interrupt* interrupt,
+                 const char* call, const char* what) {
+  Deadline deadline = Deadline::After(timeout_s);
+  Backoff backoff;
+  while (true) {
+    PSD_ASSIGN_OR_RETURN(bool done, ev.Query());
+    if (done) return Status::Ok();
+    if (interrupt != nullptr) {
+      Status s = interrupt->Check();
+      if (!s.ok()) return s.WithPrefix(StrCat("StagedBackend: ", call, ": "));
     }
-    return CopyBack();
-  }
-
- private:
-  Status CopyBack() {
-    if (bytes_ > 0) {
-      error_ = CudaStatus(
-          cudaMemcpyAsync(dev_, At(buf_.data(), offset_), bytes_, cudaMemcpyHostToDevice, stream_),
-          "StagedBackend: cudaMemcpyAsync(host -> device)");
-      if (error_.ok()) error_ = done_.Record(stream_);
-      PSD_CHECK(error_);
+    if (deadline.Expired()) {
+      return device::DeadlineError(StrCat("StagedBackend: ", call, ": ", what), timeout_s,
+                                   ": the device did not run it (is the stream blocked?)");
     }
-    copied_ = true;
-    return Status::Ok();
+    backoff.Pause();
   }
-
-  std::unique_ptr<Request> host_;
-  PinnedPool::Buffer buf_;
-  void* dev_;
-  size_t offset_;
-  size_t bytes_;
-  cudaStream_t stream_;
-  CudaEvent done_;
-  bool copied_ = false;
-  Status error_;
-};
+}
 
 // A request for a call with nothing to move (zero elements).
 class DoneRequest : public Request {
@@ -121,16 +101,84 @@ class DoneRequest : public Request {
 
 }  // namespace
 
-Result<std::unique_ptr<StagedBackend>> StagedBackend::Create(MpiBackend* host) {
+// Posts its call's host collective (through the backend's queue, in call order), then copies
+// the result back once the host collective completes.
+class StagedBackend::StagedRequest : public Request {
+ public:
+  StagedRequest(StagedBackend* backend, std::shared_ptr<Op> op)
+      : backend_(backend), op_(std::move(op)) {}
+
+  ~StagedRequest() override {
+    if (done_) return;
+    // The peers post this collective: it must be posted here too, in its turn, and its host
+    // request's destructor then waits for it as before. The copy back is not wanted any more.
+    if (backend_->Post(op_.get(), true, nullptr).ok()) op_->host_req.reset();
+  }
+
+  Result<bool> Test() override {
+    if (done_) return true;
+    PSD_CHECK(backend_->Post(op_.get(), false, nullptr));
+    if (!op_->posted) return false;
+    PSD_ASSIGN_OR_RETURN(bool host_done, op_->host_req->Test());
+    if (!host_done) return false;
+    PSD_CHECK(CopyBack());
+    return true;
+  }
+
+  using Request::Wait;
+  Status Wait(const Interrupt* interrupt) override {
+    if (done_) return Status::Ok();
+    PSD_CHECK(backend_->Post(op_.get(), true, interrupt));
+    PSD_CHECK(op_->error);
+    Status waited = op_->host_req->Wait(interrupt);
+    if (!waited.ok()) {
+      // The host request may be abandoned with MPI still writing into the buffer.
+      op_->error = waited;
+      LeakForever(std::move(op_->buf));
+      return waited;
+    }
+    return CopyBack();
+  }
+
+ private:
+  Status CopyBack() {
+    PSD_CHECK(op_->error);
+    if (op_->out_bytes > 0) {
+      op_->error = CudaStatus(cudaMemcpyAsync(op_->dev_out, At(op_->buf.data(), op_->out_offset),
+                                              op_->out_bytes, cudaMemcpyHostToDevice, op_->stream),
+                              "StagedBackend: cudaMemcpyAsync(host -> device)");
+      // The buffer stays out of the pool until that copy has run (a failed enqueue: no copy).
+      if (op_->error.ok()) backend_->RetireAfter(std::move(op_->buf), op_->stream);
+      PSD_CHECK(op_->error);
+    }
+    done_ = true;
+    return Status::Ok();
+  }
+
+  StagedBackend* backend_;
+  std::shared_ptr<Op> op_;
+  bool done_ = false;
+};
+
+Result<std::unique_ptr<StagedBackend>> StagedBackend::Create(MpiBackend* host, double timeout_s) {
   PSD_REQUIRE_ARG(host != nullptr, "StagedBackend::Create: host backend is null");
+  if (timeout_s < 0) timeout_s = settings::PeerTimeoutS();
+  PSD_REQUIRE_ARG(std::isfinite(timeout_s) && timeout_s >= 0,
+                  "StagedBackend::Create: the deadline is ", timeout_s,
+                  " s; expected a finite value >= 0 (POSEIDON_PEER_TIMEOUT_S)");
   auto count = CudaDeviceCount();
   if (!count.ok()) return count.status().WithPrefix("StagedBackend::Create");
-  return std::unique_ptr<StagedBackend>(new StagedBackend(host));
+  return std::unique_ptr<StagedBackend>(new StagedBackend(host, timeout_s));
 }
 
-StagedBackend::StagedBackend(MpiBackend* host) : host_(host), pool_(PinnedPool::Make()) {}
+StagedBackend::StagedBackend(MpiBackend* host, double timeout_s)
+    : host_(host), timeout_s_(timeout_s), pool_(PinnedPool::Make()) {}
 
 StagedBackend::~StagedBackend() {
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    BreakLocked(AbortedError("StagedBackend: destroyed with the call queued"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& f : in_flight_) (void)f->done.Synchronize();
   in_flight_.clear();
@@ -150,8 +198,108 @@ void StagedBackend::Reap() {
   in_flight_.resize(kept);
 }
 
+void StagedBackend::Retire(PinnedPool::Buffer buf, CudaEvent done) {
+  if (buf.data() == nullptr) return;
+  auto f = std::make_unique<InFlight>();
+  f->done = std::move(done);
+  f->buf = std::move(buf);
+  std::lock_guard<std::mutex> lock(mu_);
+  in_flight_.push_back(std::move(f));
+}
+
+void StagedBackend::RetireAfter(PinnedPool::Buffer buf, cudaStream_t stream) {
+  if (buf.data() == nullptr) return;
+  auto ev = CudaEvent::Create();
+  if (ev.ok() && ev->Record(stream).ok()) {
+    Retire(std::move(buf), std::move(*ev));
+    return;
+  }
+  // No event: the copy may run for a while; only a finished stream frees the buffer.
+  if (cudaStreamSynchronize(stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    LeakForever(std::move(buf));
+  }
+}
+
+Status StagedBackend::Usable(const char* call) {
+  std::lock_guard<std::mutex> lock(post_mu_);
+  if (broken_.ok()) return Status::Ok();
+  return AbortedError(call, ": the staged backend is unusable: a non-blocking call could not "
+                      "post its host collective in order (", broken_.ToString(), ")");
+}
+
+void StagedBackend::BreakLocked(const Status& cause) {
+  if (broken_.ok()) broken_ = cause;
+  for (auto& op : queued_) {
+    op->error = AbortedError(op->call, ": never posted: ", cause.ToString());
+    // Its copy to the buffer may still run.
+    Retire(std::move(op->buf), std::move(op->staged));
+  }
+  queued_.clear();
+}
+
+Status StagedBackend::PostOne(Op& op) {
+  Result<std::unique_ptr<Request>> r = Status::Ok();
+  void* in = op.buf.data();
+  void* out = At(in, op.out_offset);
+  switch (op.kind) {
+    case Op::Kind::kAllReduce:
+      r = host_->IAllReduce(in, in, op.count, op.dtype, op.host);
+      break;
+    case Op::Kind::kReduceScatter:
+      r = host_->IReduceScatter(in, out, op.counts, op.dtype, op.host);
+      break;
+    case Op::Kind::kAllGatherV:
+      r = host_->IAllGatherV(in, out, op.counts, op.dtype, op.host);
+      break;
+  }
+  op.posted = true;
+  if (!r.ok()) return r.status();
+  op.host_req = std::move(*r);
+  return Status::Ok();
+}
+
+Status StagedBackend::Post(const Op* until, bool wait, const Interrupt* interrupt) {
+  std::lock_guard<std::mutex> lock(post_mu_);
+  Deadline deadline = Deadline::After(timeout_s_);
+  Backoff backoff;
+  // Waiting applies up to `until`; the queued calls after it are posted only if ready.
+  bool waiting = wait && (until == nullptr || (!until->posted && until->error.ok()));
+  while (!queued_.empty()) {
+    std::shared_ptr<Op> op = queued_.front();
+    Result<bool> ready = op->staged.Query();
+    if (ready.ok() && !*ready) {
+      if (!waiting) break;
+      Status s = interrupt != nullptr ? interrupt->Check() : Status::Ok();
+      if (!s.ok()) s = s.WithPrefix(StrCat("StagedBackend: ", op->call, ": "));
+      if (s.ok() && deadline.Expired()) {
+        s = device::DeadlineError(
+            StrCat("StagedBackend: ", op->call, ": the copy of the input to host memory"),
+            timeout_s_, ": the device did not run it (is the stream blocked?)");
+      }
+      if (!s.ok()) {
+        BreakLocked(s);
+        return s;
+      }
+      backoff.Pause();
+      continue;
+    }
+    queued_.pop_front();
+    Status s = ready.ok() ? PostOne(*op) : ready.status();
+    if (!s.ok()) {
+      op->error = s;
+      if (!ready.ok()) Retire(std::move(op->buf), std::move(op->staged));
+      BreakLocked(s);
+      return until == nullptr || until == op.get() ? s : until->error;
+    }
+    if (op.get() == until) waiting = false;
+  }
+  return until != nullptr ? until->error : Status::Ok();
+}
+
 Status StagedBackend::FailTogether(const char* call, const Status& local,
                                   const Interrupt* interrupt) {
+  (void)Post(nullptr, true, interrupt);  // the queued calls' collectives come first
   return host_->FailTogether(call, local, interrupt);
 }
 
@@ -168,24 +316,34 @@ Status StagedBackend::HostResult(Status status, PinnedPool::Buffer& buf) {
   return status;
 }
 
-Status StagedBackend::StageIn(const void* dev, void* host, size_t bytes, cudaStream_t stream) {
+Status StagedBackend::StageIn(const char* call, const void* dev, size_t bytes, size_t buf_bytes,
+                              cudaStream_t stream, const Interrupt* interrupt,
+                              PinnedPool::Buffer* buf) {
+  // Earlier non-blocking calls post their collectives first (MPI pairs them by order).
+  PSD_CHECK(Usable(call));
+  PSD_CHECK(Post(nullptr, true, interrupt));
+  if (buf_bytes == 0) return Status::Ok();
+  PSD_ASSIGN_OR_RETURN(*buf, pool_->Acquire(buf_bytes));
   if (bytes == 0) return Status::Ok();
-  PSD_CUDA_CHECK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream));
-  // The host collective reads these bytes: the one point where the host waits for the stream.
-  PSD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return Status::Ok();
+  PSD_ASSIGN_OR_RETURN(CudaEvent copied, CudaEvent::Create());
+  PSD_CUDA_CHECK(cudaMemcpyAsync(buf->data(), dev, bytes, cudaMemcpyDeviceToHost, stream));
+  Status s = copied.Record(stream);
+  if (!s.ok()) {
+    RetireAfter(std::move(*buf), stream);
+    return s;
+  }
+  // The host collective reads these bytes: the one point where a blocking call waits for the
+  // device, within the deadline.
+  s = WaitEvent(copied, timeout_s_, interrupt, call, "the copy of the input to host memory");
+  if (!s.ok()) Retire(std::move(*buf), std::move(copied));  // the copy may still run
+  return s;
 }
 
 Status StagedBackend::StageOut(void* dev, const void* host, size_t bytes, cudaStream_t stream,
                                PinnedPool::Buffer buf) {
   if (bytes == 0) return Status::Ok();
   PSD_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream));
-  auto f = std::make_unique<InFlight>();
-  PSD_ASSIGN_OR_RETURN(f->done, CudaEvent::Create());
-  PSD_CHECK(f->done.Record(stream));
-  f->buf = std::move(buf);
-  std::lock_guard<std::mutex> lock(mu_);
-  in_flight_.push_back(std::move(f));
+  RetireAfter(std::move(buf), stream);
   return Status::Ok();
 }
 
@@ -198,12 +356,7 @@ Status StagedBackend::AllReduce(const void* send, void* recv, size_t count, DTyp
   if (local.ok()) local = CheckDevicePointer(call, "send", send, bytes);
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, bytes);
   PinnedPool::Buffer buf;
-  if (local.ok() && bytes > 0) {
-    auto b = pool_->Acquire(bytes);
-    local = b.status();
-    if (local.ok()) buf = std::move(*b);
-  }
-  if (local.ok()) local = StageIn(send, buf.data(), bytes, ToStream(opts));
+  if (local.ok()) local = StageIn(call, send, bytes, bytes, ToStream(opts), opts.interrupt, &buf);
   PSD_CHECK(opts.agreed ? local
                         : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local),
                                 opts.interrupt));
@@ -226,12 +379,10 @@ Status StagedBackend::ReduceScatter(const void* send, void* recv, const std::vec
   if (local.ok()) local = CheckDevicePointer(call, "send", send, total * es);
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, mine * es);
   PinnedPool::Buffer buf;
-  if (local.ok() && total > 0) {
-    auto b = pool_->Acquire((total + mine) * es);
-    local = b.status();
-    if (local.ok()) buf = std::move(*b);
+  if (local.ok()) {
+    local = StageIn(call, send, total * es, total > 0 ? (total + mine) * es : 0, ToStream(opts),
+                    opts.interrupt, &buf);
   }
-  if (local.ok()) local = StageIn(send, buf.data(), total * es, ToStream(opts));
   PSD_CHECK(opts.agreed
                 ? local
                 : Agree(call, static_cast<int64_t>(total), dtype, -1,
@@ -254,12 +405,10 @@ Status StagedBackend::AllGather(const void* send, void* recv, size_t count, DTyp
   if (local.ok()) local = CheckDevicePointer(call, "send", send, bytes);
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, all);
   PinnedPool::Buffer buf;
-  if (local.ok() && bytes > 0) {
-    auto b = pool_->Acquire(bytes + all);
-    local = b.status();
-    if (local.ok()) buf = std::move(*b);
+  if (local.ok()) {
+    local = StageIn(call, send, bytes, bytes > 0 ? bytes + all : 0, ToStream(opts),
+                    opts.interrupt, &buf);
   }
-  if (local.ok()) local = StageIn(send, buf.data(), bytes, ToStream(opts));
   PSD_CHECK(opts.agreed ? local
                         : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local),
                                 opts.interrupt));
@@ -281,12 +430,10 @@ Status StagedBackend::AllGatherV(const void* send, void* recv, const std::vector
   if (local.ok()) local = CheckDevicePointer(call, "send", send, mine * es);
   if (local.ok()) local = CheckDevicePointer(call, "recv", recv, total * es);
   PinnedPool::Buffer buf;
-  if (local.ok() && total > 0) {
-    auto b = pool_->Acquire((mine + total) * es);
-    local = b.status();
-    if (local.ok()) buf = std::move(*b);
+  if (local.ok()) {
+    local = StageIn(call, send, mine * es, total > 0 ? (mine + total) * es : 0, ToStream(opts),
+                    opts.interrupt, &buf);
   }
-  if (local.ok()) local = StageIn(send, buf.data(), mine * es, ToStream(opts));
   PSD_CHECK(opts.agreed
                 ? local
                 : Agree(call, static_cast<int64_t>(total), dtype, -1,
@@ -308,12 +455,11 @@ Status StagedBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   size_t bytes = count * DTypeSize(dtype);
   if (local.ok()) local = CheckDevicePointer(call, "buf", buf, bytes);
   PinnedPool::Buffer h;
-  if (local.ok() && bytes > 0) {
-    auto b = pool_->Acquire(bytes);
-    local = b.status();
-    if (local.ok()) h = std::move(*b);
+  if (local.ok()) {
+    // Only the root has bytes to copy in; every rank needs the buffer.
+    local = StageIn(call, buf, rank() == root ? bytes : 0, bytes, ToStream(opts), opts.interrupt,
+                    &h);
   }
-  if (local.ok() && rank() == root) local = StageIn(buf, h.data(), bytes, ToStream(opts));
   PSD_CHECK(opts.agreed ? local
                         : Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local),
                                 opts.interrupt));
@@ -324,7 +470,34 @@ Status StagedBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   return StageOut(buf, p, bytes, ToStream(opts), std::move(h));
 }
 
-Status StagedBackend::Barrier() { return host_->Barrier(); }
+Status StagedBackend::Barrier() {
+  PSD_CHECK(Usable("Barrier"));
+  PSD_CHECK(Post(nullptr, true, nullptr));  // the queued calls' collectives come first
+  return host_->Barrier();
+}
+
+Result<std::unique_ptr<Request>> StagedBackend::Start(std::shared_ptr<Op> op, const void* dev,
+                                                      size_t bytes) {
+  PSD_CHECK(Usable(op->call));
+  PSD_ASSIGN_OR_RETURN(op->staged, CudaEvent::Create());
+  PSD_ASSIGN_OR_RETURN(op->buf, pool_->Acquire(op->out_offset + op->out_bytes));
+  if (bytes > 0) {
+    PSD_CUDA_CHECK(cudaMemcpyAsync(op->buf.data(), dev, bytes, cudaMemcpyDeviceToHost,
+                                   op->stream));
+  }
+  Status s = op->staged.Record(op->stream);
+  if (!s.ok()) {
+    RetireAfter(std::move(op->buf), op->stream);
+    return s;
+  }
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    queued_.push_back(op);
+  }
+  // Posted at once when the copy is already done, else by the next call that finds it done.
+  PSD_CHECK(Post(nullptr, false, nullptr));
+  return std::unique_ptr<Request>(new StagedRequest(this, std::move(op)));
+}
 
 Result<std::unique_ptr<Request>> StagedBackend::IAllReduce(const void* send, void* recv,
                                                            size_t count, DType dtype,
@@ -336,13 +509,17 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllReduce(const void* send, voi
   PSD_CHECK(CheckDevicePointer(call, "send", send, bytes));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, bytes));
   if (count == 0) return std::unique_ptr<Request>(new DoneRequest());
-  PSD_ASSIGN_OR_RETURN(PinnedPool::Buffer buf, pool_->Acquire(bytes));
-  PSD_CHECK(StageIn(send, buf.data(), bytes, ToStream(opts)));
-  PSD_ASSIGN_OR_RETURN(auto host_req,
-                       host_->IAllReduce(buf.data(), buf.data(), count, dtype, HostCall(opts)));
-  PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
-  return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv, 0,
-                                                    bytes, ToStream(opts), std::move(ev)));
+  auto op = std::make_shared<Op>();
+  op->kind = Op::Kind::kAllReduce;
+  op->call = call;
+  op->dtype = dtype;
+  op->count = count;
+  op->host = HostCall(opts);
+  op->out_offset = 0;  // in place
+  op->out_bytes = bytes;
+  op->dev_out = recv;
+  op->stream = ToStream(opts);
+  return Start(std::move(op), send, bytes);
 }
 
 Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send, void* recv,
@@ -359,14 +536,17 @@ Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send,
   PSD_CHECK(CheckDevicePointer(call, "send", send, total * es));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, mine * es));
   if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
-  PSD_ASSIGN_OR_RETURN(PinnedPool::Buffer buf, pool_->Acquire((total + mine) * es));
-  PSD_CHECK(StageIn(send, buf.data(), total * es, ToStream(opts)));
-  PSD_ASSIGN_OR_RETURN(auto host_req, host_->IReduceScatter(buf.data(), At(buf.data(), total * es),
-                                                            counts, dtype, HostCall(opts)));
-  PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
-  return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv,
-                                                    total * es, mine * es, ToStream(opts),
-                                                    std::move(ev)));
+  auto op = std::make_shared<Op>();
+  op->kind = Op::Kind::kReduceScatter;
+  op->call = call;
+  op->dtype = dtype;
+  op->counts = counts;
+  op->host = HostCall(opts);
+  op->out_offset = total * es;
+  op->out_bytes = mine * es;
+  op->dev_out = recv;
+  op->stream = ToStream(opts);
+  return Start(std::move(op), send, total * es);
 }
 
 Result<std::unique_ptr<Request>> StagedBackend::IAllGatherV(const void* send, void* recv,
@@ -382,14 +562,17 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllGatherV(const void* send, vo
   PSD_CHECK(CheckDevicePointer(call, "send", send, mine * es));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, total * es));
   if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
-  PSD_ASSIGN_OR_RETURN(PinnedPool::Buffer buf, pool_->Acquire((mine + total) * es));
-  PSD_CHECK(StageIn(send, buf.data(), mine * es, ToStream(opts)));
-  PSD_ASSIGN_OR_RETURN(auto host_req, host_->IAllGatherV(buf.data(), At(buf.data(), mine * es),
-                                                         counts, dtype, HostCall(opts)));
-  PSD_ASSIGN_OR_RETURN(CudaEvent ev, CudaEvent::Create());
-  return std::unique_ptr<Request>(new StagedRequest(std::move(host_req), std::move(buf), recv,
-                                                    mine * es, total * es, ToStream(opts),
-                                                    std::move(ev)));
+  auto op = std::make_shared<Op>();
+  op->kind = Op::Kind::kAllGatherV;
+  op->call = call;
+  op->dtype = dtype;
+  op->counts = counts;
+  op->host = HostCall(opts);
+  op->out_offset = mine * es;
+  op->out_bytes = total * es;
+  op->dev_out = recv;
+  op->stream = ToStream(opts);
+  return Start(std::move(op), send, mine * es);
 }
 
 }  // namespace poseidon

@@ -2,22 +2,36 @@
 // host buffers. It is how several ranks share one GPU (NCCL cannot put two ranks on one
 // device) and the fallback when NCCL is not built.
 //
-// Each call, on the caller's stream (CallOptions::stream):
-//  1. checks the arguments locally (device pointers, counts) and, with POSEIDON_CHECK_ARGS on,
-//     agrees on them across ranks, so a bad argument fails every rank instead of hanging one;
-//  2. copies the device input into a pinned host buffer (cudaMemcpyAsync on the stream) and
-//     synchronizes the stream, the only host synchronization: the host collective needs the
-//     bytes;
+// Each blocking call, on the caller's stream (CallOptions::stream):
+//  1. checks the arguments locally (device pointers, counts), posts the host collectives of
+//     earlier non-blocking calls still waiting for their input (see below), copies the device
+//     input into a pinned host buffer (cudaMemcpyAsync, then an event) and waits for that copy:
+//     the host collective needs the bytes. The wait polls the event within the deadline
+//     (POSEIDON_PEER_TIMEOUT_S unless given; 0: none) and the caller's interrupt;
+//  2. with POSEIDON_CHECK_ARGS on, agrees on the arguments and on step 1's status across ranks,
+//     so a bad argument or a failed copy fails every rank instead of hanging one;
 //  3. runs the host collective (MpiBackend, host memory; float16 / bfloat16 are summed there in
-//     float32 and rounded once);
+//     float32 and rounded once, as the Backend contract says);
 //  4. copies the result back with cudaMemcpyAsync on the same stream and returns: later work on
 //     that stream sees the result; the host must synchronize the stream before reading it.
-// Pinned buffers come from a pool (grown, reused); a buffer returns to the pool only after the
-// copy back from it has finished (an event), so concurrent requests never share bytes.
-// Non-blocking forms do steps 1 (local checks only) and 2 at the call, start the host
-// collective, and enqueue the copy back when Test / Wait sees it complete.
+// Non-blocking calls never wait for the device: they enqueue the copy to the pinned buffer and
+// an event after it, and queue the call. The queued calls' host collectives are posted in call
+// order (MPI matches collectives by order) as soon as their copies are done, by whichever call
+// into this backend or its requests comes next (Test, Wait, any call); Wait waits for them
+// within the deadline. A request's result is copied back when Test / Wait sees the host
+// collective complete. A queued call that cannot be posted (its copy never ran by the
+// deadline, or the post failed) breaks the backend: it and every later call fail with
+// kAborted naming the cause, since the peers' collectives would no longer pair with ours.
+// The host backend must not be called directly while queued calls are pending (its collectives
+// would overtake them).
+//
+// Pinned buffers come from a pool (grown rarely, never freed before it); a buffer goes back to
+// the pool only once every copy from or to it has finished (an event recorded after the copy),
+// so concurrent calls never share bytes, and one a host collective that gave up may still
+// write is never handed out again.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,15 +39,19 @@
 
 #include "runtime/backend.h"
 #include "runtime/cuda_util.h"
+#include "runtime/device_backend_logic.h"
 #include "runtime/mpi_backend.h"
 
 namespace poseidon {
 
 class StagedBackend : public Backend {
  public:
-  // host must outlive this backend. Fails with kUnavailable when no GPU is present.
-  static Result<std::unique_ptr<StagedBackend>> Create(MpiBackend* host);
-  // Waits for the copies still running out of pinned buffers.
+  // host must outlive this backend. timeout_s bounds the host's waits for the device (the
+  // copies to pinned memory): < 0 takes POSEIDON_PEER_TIMEOUT_S, 0 disables. Fails with
+  // kUnavailable when no GPU is present.
+  static Result<std::unique_ptr<StagedBackend>> Create(MpiBackend* host, double timeout_s = -1);
+  // Fails the calls still queued, then waits for the copies still running from or to pinned
+  // buffers. Requests must not outlive the backend.
   ~StagedBackend() override;
 
   std::string name() const override { return "mpi-staged"; }
@@ -65,7 +83,9 @@ class StagedBackend : public Backend {
 
  private:
   struct InFlight;
-  explicit StagedBackend(MpiBackend* host);
+  struct Op;
+  class StagedRequest;
+  StagedBackend(MpiBackend* host, double timeout_s);
 
   // Agreement across ranks on a blocking call's arguments and on this rank's local status
   // (which includes the staging copy), when POSEIDON_CHECK_ARGS is on.
@@ -75,16 +95,41 @@ class StagedBackend : public Backend {
   // (the host backend is then broken), the pinned buffer MPI may still write is leaked on
   // purpose instead of returning to the pool. Leaves `buf` alone otherwise.
   Status HostResult(Status status, PinnedPool::Buffer& buf);
-  // Copies device -> pinned host on the stream and waits for it.
-  Status StageIn(const void* dev, void* host, size_t bytes, cudaStream_t stream);
-  // Copies pinned host -> device on the stream and keeps `buf` alive until that copy is done.
+  // Acquires a pinned buffer of `buf_bytes`, copies `bytes` of dev into its start on the stream
+  // and waits for that copy (within the deadline and the interrupt). On failure `buf` is empty:
+  // a copy that may still run keeps its buffer out of the pool until it ends.
+  Status StageIn(const char* call, const void* dev, size_t bytes, size_t buf_bytes,
+                 cudaStream_t stream, const Interrupt* interrupt, PinnedPool::Buffer* buf);
+  // Copies pinned host -> device on the stream and keeps `buf` out of the pool until that copy
+  // is done.
   Status StageOut(void* dev, const void* host, size_t bytes, cudaStream_t stream,
                   PinnedPool::Buffer buf);
-  // Returns buffers whose copy back has finished to the pool.
+  // Keeps `buf` out of the pool until `done` (recorded after the last copy using it) is reached.
+  void Retire(PinnedPool::Buffer buf, CudaEvent done);
+  // Records an event after the work on `stream` and retires `buf` behind it; when no event can
+  // be recorded, synchronizes the stream instead, and leaks the buffer when that fails too.
+  void RetireAfter(PinnedPool::Buffer buf, cudaStream_t stream);
+  // Returns buffers whose copies have finished to the pool.
   void Reap();
+  // A non-blocking call's start: the copy to `op`'s buffer, the event after it, the queue.
+  Result<std::unique_ptr<Request>> Start(std::shared_ptr<Op> op, const void* dev, size_t bytes);
+  // Posts, in call order, the host collectives of queued calls whose copies are done. With
+  // `wait`, first waits (within the deadline and the interrupt) until `until` (null: every
+  // queued call) is posted. Returns `until`'s error, or the one that broke the backend here.
+  Status Post(const Op* until, bool wait, const Interrupt* interrupt);
+  Status PostOne(Op& op);
+  // Fails every queued call with `cause` and breaks the backend. Caller holds post_mu_.
+  void BreakLocked(const Status& cause);
+  // OK while usable; kAborted naming `call` and the cause once broken.
+  Status Usable(const char* call);
 
   MpiBackend* host_;
+  double timeout_s_ = 0;
   std::shared_ptr<PinnedPool> pool_;
+  // Lock order: post_mu_, then mu_.
+  std::mutex post_mu_;
+  std::deque<std::shared_ptr<Op>> queued_;  // guarded by post_mu_: not yet posted, call order
+  Status broken_;                           // guarded by post_mu_
   std::mutex mu_;
   std::vector<std::unique_ptr<InFlight>> in_flight_;  // guarded by mu_
 };
