@@ -406,7 +406,7 @@ void NcclBackend::Watch() {
         more > 0 ? StrCat(" (and ", more, " operation(s) queued after it)") : std::string(),
         " did not finish within ", device::BoundText(timeout_s_),
         " (no NCCL operation of this communicator finished for ",
-        static_cast<long long>(watch_.StalledS(now)), " s)", kPeerCauses));
+        std::round(watch_.StalledS(now) * 10) / 10, " s)", kPeerCauses));
   }
 }
 
