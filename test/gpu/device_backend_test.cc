@@ -5,11 +5,20 @@
 // kUnavailable with the CUDA error, nobody hangs. With a GPU they check every collective of the
 // backend the communicator picks (NCCL at P = 1 with one GPU, MPI-staged when ranks share a
 // GPU, P = 2 and 4) and of the staged backend directly, against exact values: rank r
-// contributes (r + 1) * f(i) with small integers f(i), so sums are exact in every dtype.
+// contributes (r + 1) * f(i) with small integers f(i), so sums are exact in every dtype. More
+// GPU cases: half-precision sums accumulate in float32 (values whose half-precision sum in any
+// order differs from the float32 one, at P = 3, 4, 5), ReduceScatter with any counts, repeated
+// calls in steady state (no device allocation at P = 1), and deadlines at P = 1 (a stream held
+// by a host function is a peer that never arrives).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "runtime/build_config.h"
@@ -184,6 +193,307 @@ TEST(DeviceBackendGpu, StagedBackendCollectives) {
   ASSERT_TRUE(staged.ok()) << staged.status().ToString();
   CheckCollectives(**staged);
 }
+
+// ---- Half precision accumulates in float32 (the Backend contract). ----
+
+// One contribution per rank (by world size) whose sum, rounded once, no order or association of
+// half-precision additions reaches (every order was tried when they were chosen), so a backend
+// summing in the element type fails these. At P <= 2 no such values exist (one addition rounds
+// once); other sizes use exact small integers.
+const std::map<int, std::vector<float>> kFloat16Case = {{3, {2600, 223.5f, 2422}},
+                                                       {4, {3102, 2658, 2530, -407.5f}}};
+const std::map<int, std::vector<float>> kBFloat16Case = {
+    {3, {-490, 23.75f, 101}}, {4, {-12.25f, 230, -69, 178}}, {5, {430, 384, 158, -326, 15.75f}}};
+
+uint16_t ToHalf(DType d, float f) {
+  return d == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
+}
+float FromHalf(DType d, uint16_t h) {
+  return d == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+}
+
+void CheckHalfSums(Backend& be, DType d) {
+  const int p = be.size(), r = be.rank();
+  const auto& table = d == DType::kFloat16 ? kFloat16Case : kBFloat16Case;
+  auto it = table.find(p);
+  std::vector<float> per_rank(static_cast<size_t>(p));
+  for (int q = 0; q < p; ++q) {
+    per_rank[static_cast<size_t>(q)] = it != table.end() ? it->second[static_cast<size_t>(q)]
+                                                         : static_cast<float>(q + 1);
+  }
+  float sum = 0;  // exact in float32: multiples of 1/4 far below 2^24
+  for (float v : per_rank) sum += v;
+  const float want = FromHalf(d, ToHalf(d, sum));  // rounded once
+  SCOPED_TRACE(::testing::Message() << be.name() << " " << DTypeName(d) << " P=" << p
+                                    << " sum " << sum << " -> " << want);
+  CallOptions dev{MemoryKind::kDevice, nullptr};
+  const size_t n = 4099;  // several NCCL chunks: each may start its ring at another rank
+  const uint16_t mine = ToHalf(d, per_rank[static_cast<size_t>(r)]);
+  DeviceBuffer<uint16_t> send(std::vector<uint16_t>(n, mine)), recv(n);
+  ASSERT_TRUE(be.AllReduce(send.get(), recv.get(), n, d, dev).ok());
+  for (uint16_t h : recv.Download()) ASSERT_EQ(FromHalf(d, h), want);
+  auto q = be.IAllReduce(send.get(), send.get(), n, d, dev);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  ASSERT_TRUE((*q)->Wait().ok());
+  for (uint16_t h : send.Download()) ASSERT_EQ(FromHalf(d, h), want);
+  // ReduceScatter, uneven (Poseidon's shards) and even.
+  for (size_t total : {n, static_cast<size_t>(p) * 1000}) {
+    std::vector<size_t> counts = ShardCounts(total, p);
+    DeviceBuffer<uint16_t> full(std::vector<uint16_t>(total, mine));
+    DeviceBuffer<uint16_t> shard(counts[static_cast<size_t>(r)]);
+    ASSERT_TRUE(be.ReduceScatter(full.get(), shard.get(), counts, d, dev).ok());
+    for (uint16_t h : shard.Download()) ASSERT_EQ(FromHalf(d, h), want);
+  }
+}
+
+TEST(DeviceBackendGpu, HalfSumsAccumulateInFloat32) {
+  PSD_SKIP_UNLESS_ALL_HAVE_GPU();
+  auto b = World()->backend(MemoryKind::kDevice);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto staged = StagedBackend::Create(static_cast<MpiBackend*>(&World()->host_backend()));
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  for (DType d : {DType::kFloat16, DType::kBFloat16}) {
+    CheckHalfSums(**b, d);
+    CheckHalfSums(**staged, d);
+  }
+}
+
+// ---- ReduceScatter with any counts. ----
+
+// Counts per rank with zeros and very different sizes (the same on every rank).
+std::vector<size_t> OddCounts(int p, size_t scale) {
+  std::vector<size_t> c(static_cast<size_t>(p));
+  for (int q = 0; q < p; ++q) c[static_cast<size_t>(q)] = (q % 3 == 1) ? 0 : scale * (q + 1) + 3;
+  return c;
+}
+
+template <typename T>
+void CheckUnevenReduceScatter(Backend& be, DType d, const std::vector<size_t>& counts) {
+  const int p = be.size(), r = be.rank();
+  CallOptions dev{MemoryKind::kDevice, nullptr};
+  std::vector<size_t> off = PrefixOffsets(counts);
+  const size_t total = off.back(), mine = counts[static_cast<size_t>(r)];
+  SCOPED_TRACE(::testing::Message() << be.name() << " " << DTypeName(d) << " total " << total);
+  auto value = [](int q, size_t i) { return static_cast<float>((q + 1) * (i % 5)); };
+  auto encode = [&](float f) -> T {
+    if constexpr (sizeof(T) == 2) return ToHalf(d, f);
+    else return static_cast<T>(f);
+  };
+  auto decode = [&](T v) -> float {
+    if constexpr (sizeof(T) == 2) return FromHalf(d, v);
+    else return static_cast<float>(v);
+  };
+  std::vector<T> in(total);
+  for (size_t i = 0; i < total; ++i) in[i] = encode(value(r, i));
+  DeviceBuffer<T> send(in), out(mine), out2(mine);
+  ASSERT_TRUE(be.ReduceScatter(send.get(), out.get(), counts, d, dev).ok());
+  auto req = be.IReduceScatter(send.get(), out2.get(), counts, d, dev);
+  ASSERT_TRUE(req.ok()) << req.status().ToString();
+  ASSERT_TRUE((*req)->Wait().ok());
+  std::vector<T> got = out.Download(), got2 = out2.Download();
+  for (size_t i = 0; i < mine; ++i) {
+    const size_t at = off[static_cast<size_t>(r)] + i;
+    const float want = Triangle(p) * static_cast<float>(at % 5);
+    ASSERT_EQ(decode(got[i]), want) << i;
+    ASSERT_EQ(decode(got2[i]), want) << i;
+  }
+  ASSERT_EQ(send.Download(), in);  // the send buffer is read only
+}
+
+TEST(DeviceBackendGpu, UnevenReduceScatter) {
+  PSD_SKIP_UNLESS_ALL_HAVE_GPU();
+  auto b = World()->backend(MemoryKind::kDevice);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  const int p = World()->size();
+  for (size_t scale : {size_t{1}, size_t{777}, size_t{70001}}) {
+    std::vector<size_t> counts = OddCounts(p, scale);
+    CheckUnevenReduceScatter<float>(**b, DType::kFloat32, counts);
+    CheckUnevenReduceScatter<int32_t>(**b, DType::kInt32, counts);
+    CheckUnevenReduceScatter<double>(**b, DType::kFloat64, counts);
+    CheckUnevenReduceScatter<uint16_t>(**b, DType::kFloat16, counts);
+    CheckUnevenReduceScatter<uint16_t>(**b, DType::kBFloat16, counts);
+  }
+  // Only one rank holds elements; every count zero.
+  std::vector<size_t> one(static_cast<size_t>(p), 0);
+  one.back() = 5;
+  CheckUnevenReduceScatter<float>(**b, DType::kFloat32, one);
+  CheckUnevenReduceScatter<float>(**b, DType::kFloat32, std::vector<size_t>(p, 0));
+}
+
+// ---- Steady state. ----
+
+// Free device memory as the driver reports it (the allocations of this process, at P = 1).
+size_t FreeDeviceBytes() {
+  size_t free_bytes = 0, total = 0;
+  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  return free_bytes;
+}
+
+void RunRepeatedCalls(Backend& be, int iters, cudaStream_t s1, cudaStream_t s2) {
+  const int p = be.size(), r = be.rank();
+  const size_t n = (1u << 16) + 5;
+  std::vector<size_t> counts = ShardCounts(n, p);
+  const size_t mine = counts[static_cast<size_t>(r)];
+  std::vector<uint16_t> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = FloatToHalf(static_cast<float>(r + 1) * F(i));
+  DeviceBuffer<uint16_t> half_in(h), half_out(n), half_shard(mine);
+  DeviceBuffer<float> f_in(Contribution(n, r)), f_shard(mine);
+  for (int it = 0; it < iters; ++it) {
+    // Alternate streams: the float32 scratch is shared and must be ordered between them.
+    CallOptions dev{MemoryKind::kDevice, it % 2 == 0 ? s1 : s2};
+    ASSERT_TRUE(be.AllReduce(half_in.get(), half_out.get(), n, DType::kFloat16, dev).ok());
+    ASSERT_TRUE(be.ReduceScatter(half_in.get(), half_shard.get(), counts, DType::kFloat16, dev)
+                    .ok());
+    auto q = be.IReduceScatter(f_in.get(), f_shard.get(), counts, DType::kFloat32, dev);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    ASSERT_TRUE((*q)->Wait().ok());
+  }
+  ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s2), cudaSuccess);
+  std::vector<uint16_t> got = half_out.Download();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(HalfToFloat(got[i]), Triangle(p) * F(i)) << i;
+  const size_t off = ShardOffset(n, p, r);
+  got = half_shard.Download();
+  std::vector<float> fs = f_shard.Download();
+  for (size_t i = 0; i < mine; ++i) {
+    ASSERT_EQ(HalfToFloat(got[i]), Triangle(p) * F(off + i)) << i;
+    ASSERT_EQ(fs[i], Triangle(p) * F(off + i)) << i;
+  }
+}
+
+TEST(DeviceBackendGpu, RepeatedCallsReachASteadyState) {
+  PSD_SKIP_UNLESS_ALL_HAVE_GPU();
+  auto b = World()->backend(MemoryKind::kDevice);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+  RunRepeatedCalls(**b, 2, s1, s2);  // warm-up: scratch and NCCL resources
+  const size_t before = FreeDeviceBytes();
+  RunRepeatedCalls(**b, 40, s1, s2);
+  // Other ranks share the GPU at P > 1 and allocate on their own schedule.
+  if (World()->size() == 1) {
+    EXPECT_EQ(FreeDeviceBytes(), before) << "device memory was allocated in steady state";
+  }
+  auto staged = StagedBackend::Create(static_cast<MpiBackend*>(&World()->host_backend()));
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  RunRepeatedCalls(**staged, 20, s1, s2);
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+}
+
+// ---- Deadlines (P = 1: deterministic). ----
+
+// Holds a stream from the host: work queued behind it cannot run until Release(), as behind a
+// collective whose peer never arrives. The flag outlives the gate (the host function owns a
+// reference), and the destructor releases it.
+class StreamGate {
+ public:
+  explicit StreamGate(cudaStream_t stream) {
+    auto* held = new std::shared_ptr<std::atomic<bool>>(open_);
+    EXPECT_EQ(cudaLaunchHostFunc(stream, &Hold, held), cudaSuccess);
+  }
+  ~StreamGate() { Release(); }
+  void Release() { open_->store(true); }
+
+ private:
+  static void CUDART_CB Hold(void* arg) {
+    std::unique_ptr<std::shared_ptr<std::atomic<bool>>> open(
+        static_cast<std::shared_ptr<std::atomic<bool>>*>(arg));
+    while (!(*open)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::shared_ptr<std::atomic<bool>> open_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(DeviceBackendGpu, StagedWaitsForTheDeviceWithinTheDeadline) {
+  PSD_SKIP_UNLESS_ALL_HAVE_GPU();
+  if (World()->size() != 1) GTEST_SKIP() << "deterministic at P = 1 only";
+  auto staged = StagedBackend::Create(static_cast<MpiBackend*>(&World()->host_backend()), 0.3);
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  CallOptions dev{MemoryKind::kDevice, s};
+  DeviceBuffer<float> a(Contribution(1000, 0)), out(1000);
+  {
+    // A blocking call: its copy to host memory cannot run; it fails in time, not sticky.
+    StreamGate gate(s);
+    auto t0 = std::chrono::steady_clock::now();
+    Status st = (*staged)->AllReduce(a.get(), out.get(), 1000, DType::kFloat32, dev);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.ToString();
+    EXPECT_NE(st.message().find("POSEIDON_PEER_TIMEOUT_S = 0.3 s"), std::string::npos)
+        << st.message();
+    EXPECT_NE(st.message().find("AllReduce"), std::string::npos) << st.message();
+    EXPECT_LT(SecondsSince(t0), 5.0);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_TRUE((*staged)->AllReduce(a.get(), out.get(), 1000, DType::kFloat32, dev).ok());
+  ASSERT_EQ(out.Download(), Contribution(1000, 0));
+  {
+    // A non-blocking call never waits at the call; its Wait gives up at the deadline, and the
+    // backend then refuses every call, naming the cause.
+    StreamGate gate(s);
+    auto q = (*staged)->IAllReduce(a.get(), out.get(), 1000, DType::kFloat32, dev);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    Status st = (*q)->Wait();
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.ToString();
+    Status later = (*staged)->AllReduce(a.get(), out.get(), 1000, DType::kFloat32, dev);
+    EXPECT_EQ(later.code(), StatusCode::kAborted) << later.ToString();
+    EXPECT_NE(later.message().find("POSEIDON_PEER_TIMEOUT_S"), std::string::npos)
+        << later.message();
+  }
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  staged->reset();
+  cudaStreamDestroy(s);
+}
+
+#if POSEIDON_NCCL_ENABLED
+TEST(DeviceBackendGpu, NcclWatchdogAbortsWorkThatMakesNoProgress) {
+  PSD_SKIP_UNLESS_ALL_HAVE_GPU();
+  if (World()->size() != 1) GTEST_SKIP() << "deterministic at P = 1 only";
+  auto nccl = NcclBackend::Create(World()->mpi_comm(), 0.5);
+  ASSERT_TRUE(nccl.ok()) << nccl.status().ToString();
+  EXPECT_EQ((*nccl)->timeout_s(), 0.5);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  CallOptions dev{MemoryKind::kDevice, s};
+  DeviceBuffer<float> a(Contribution(1000, 0)), out(1000);
+  // Healthy first: work that completes never trips the watchdog, however long the backend
+  // lives.
+  ASSERT_TRUE((*nccl)->AllReduce(a.get(), out.get(), 1000, DType::kFloat32, dev).ok());
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  ASSERT_TRUE((*nccl)->CheckAsyncError().ok());
+  {
+    StreamGate gate(s);
+    // Released late by another thread: ncclCommAbort may wait for the held stream.
+    std::thread opener([&gate] {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      gate.Release();
+    });
+    auto t0 = std::chrono::steady_clock::now();
+    auto q = (*nccl)->IAllReduce(a.get(), out.get(), 1000, DType::kFloat32, dev);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    Status st = (*q)->Wait();
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.ToString();
+    EXPECT_NE(st.message().find("IAllReduce"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("POSEIDON_PEER_TIMEOUT_S = 0.5 s"), std::string::npos)
+        << st.message();
+    EXPECT_LT(SecondsSince(t0), 10.0);
+    Status later = (*nccl)->AllReduce(a.get(), out.get(), 1000, DType::kFloat32, dev);
+    EXPECT_EQ(later.code(), StatusCode::kAborted) << later.ToString();
+    EXPECT_NE(later.message().find("did not finish within"), std::string::npos)
+        << later.message();
+    opener.join();
+  }
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  nccl->reset();
+  cudaStreamDestroy(s);
+}
+#endif
 
 TEST(DeviceBackendGpu, BadArgumentsFailOnEveryRank) {
   PSD_SKIP_UNLESS_ALL_HAVE_GPU();
