@@ -13,9 +13,10 @@
 //     candidates, overflow) the same finish runs over the whole residual instead.
 //  3. Two refine passes (bits 19..10, 9..0) and one emitting pass finish on the chosen input.
 //  4. NextGuess picks the next step's guess from this step's histogram: the lower edge of the
-//     highest bin at which the count from the top reaches GuessTarget(k). Gradients change
-//     little from one step to the next, so the next step collects about that many candidates;
-//     when they do not suffice, that step falls back and its own histogram corrects the guess.
+//     highest bin at which the count from the top reaches GuessAim (the target corrected by
+//     the drift the last guess saw). Gradients change slowly from one step to the next, so the
+//     next step collects about GuessTarget(k) candidates; when they do not suffice, that step
+//     falls back and its own histogram and count correct the guess.
 #pragma once
 
 #include <cstddef>
@@ -79,17 +80,38 @@ PSD_HOST_DEVICE inline DigitPick PickDigit(const uint32_t* hist, int bins, uint6
   return DigitPick{0, above, false};
 }
 
+// How many entries of this step's histogram the next guess should leave above it. The
+// residual drifts (entries not sent keep growing, momentum compounds), so the count a guess
+// collects one step later differs from the count it had in the histogram it came from by a
+// factor that changes slowly: observed / predicted from the step that just ran. The aim is
+// the target divided by that factor, kept within [k / 2, 4 x target] so one odd step cannot
+// push it far; with no history (predicted == 0) it is the target.
+PSD_HOST_DEVICE inline uint64_t GuessAim(uint64_t k, uint64_t predicted, uint64_t observed) {
+  const uint64_t target = GuessTarget(k);
+  if (predicted == 0 || observed == 0) return target;
+  const double aim = static_cast<double>(target) * static_cast<double>(predicted) /
+                     static_cast<double>(observed);
+  const double lo = static_cast<double>(k / 2 + 1), hi = 4.0 * static_cast<double>(target);
+  return static_cast<uint64_t>(aim < lo ? lo : (aim > hi ? hi : aim));
+}
+
 // The next step's guess from this step's first-digit histogram (kBins1 bins of key >> 20):
-// the lower edge of the bin where the count from the top reaches GuessTarget(k), never below
-// 1 (exact zeros, often most of a sparse gradient, are never candidates). When all n entries
-// together stay below the target, the guess is 1: every nonzero entry is a candidate.
+// the lower edge of the bin where the count from the top reaches `aim`, never below 1 (exact
+// zeros, often most of a sparse gradient, are never candidates). When all n entries together
+// stay below the aim, the guess is 1: every nonzero entry is a candidate.
 PSD_HOST_DEVICE inline uint32_t NextGuessFromPick(const DigitPick& p) {
   if (!p.found) return 1;
   uint32_t edge = p.digit << kShift1;
   return edge == 0 ? 1u : edge;
 }
-PSD_HOST_DEVICE inline uint32_t NextGuess(const uint32_t* hist1, uint64_t k) {
-  return NextGuessFromPick(PickDigit(hist1, kBins1, GuessTarget(k)));
+// This step's count at or above the guess NextGuessFromPick(p) chose (the `predicted` of the
+// next step's GuessAim): the bins above plus the chosen bin (every key of bin 0 but the zeros
+// reaches the guess 1; counting them all only makes the drift estimate cautious).
+PSD_HOST_DEVICE inline uint64_t PredictedCount(const DigitPick& p, const uint32_t* hist1) {
+  return p.found ? p.above + hist1[p.digit] : p.above;
+}
+PSD_HOST_DEVICE inline uint32_t NextGuess(const uint32_t* hist1, uint64_t aim) {
+  return NextGuessFromPick(PickDigit(hist1, kBins1, aim));
 }
 
 // Where entry i of an index-ordered selection lands: entries above T all come first in index

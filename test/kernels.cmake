@@ -5,6 +5,13 @@ target_link_libraries(kernels_cpu_test PRIVATE poseidon_kernels GTest::gtest_mai
 add_test(NAME kernels_cpu_test COMMAND kernels_cpu_test)
 set_tests_properties(kernels_cpu_test PROPERTIES TIMEOUT 120 LABELS unit)
 
+# The GPU top-k's plan and a host model of its steps, and ScatterAddBlocks' fault protocol:
+# the device design's logic, checked without a GPU.
+add_executable(topk_device_plan_test unit/topk_device_plan_test.cc)
+target_link_libraries(topk_device_plan_test PRIVATE poseidon_kernels GTest::gtest_main)
+add_test(NAME topk_device_plan_test COMMAND topk_device_plan_test)
+set_tests_properties(topk_device_plan_test PROPERTIES TIMEOUT 120 LABELS unit)
+
 if(TARGET kernels_cpu_bench)
   # Every benchmark once at the small size, briefly: checks they run and verify their output.
   add_test(NAME kernels_cpu_bench_smoke

@@ -13,7 +13,8 @@
 //     (each tile publishes its count, then its inclusive prefix, tagged with the call's epoch,
 //     so no status array is ever cleared). The last block to finish (a done counter) picks the
 //     first digit of the k-th key T, chooses the candidate path or the full path
-//     (topk_plan::CandidatesSuffice) and sets the next call's guess (topk_plan::NextGuess).
+//     (topk_plan::CandidatesSuffice) and sets the next call's guess (topk_plan::GuessAim,
+//     NextGuess: corrected for the drift between the last prediction and this count).
 //  2. Refine over the chosen input (the candidates, or the whole residual): histogram of key
 //     bits 19..10 among the keys matching the prefix; its last block picks the digit.
 //  3. The same for bits 9..0: the prefix is now T, and k_rem how many ties with T belong to
@@ -35,11 +36,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <cub/block/block_scan.cuh>
-#include <cuda/atomic>
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tile_scan.cuh"
 #include "kernels/topk_plan.h"
 
 namespace poseidon {
@@ -48,11 +48,7 @@ namespace {
 
 namespace plan = ::poseidon::topk_plan;
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kItems = 16;
-constexpr uint32_t kTile = kThreads * kItems;
-constexpr int kRows = kItems * kWarps;  // warp rows per tile, in index order
+using namespace tile_scan;  // NOLINT: the tile building blocks and their sizes
 
 enum Mode : uint32_t { kModeCandidates = 1, kModeFull = 2 };
 enum Pass : int { kFused = 0, kRefine2 = 1, kRefine3 = 2, kEmit = 3, kPasses = 4 };
@@ -74,6 +70,7 @@ struct TopKState {
   uint32_t prefix;  // the bits of T fixed so far, then T
   unsigned long long k_rem;  // how many of the top k lie in the prefix's range
   unsigned long long cand_count;
+  unsigned long long predicted;  // the count the guess had in the histogram it came from
   uint32_t tiles[kPasses];  // tile counters
   uint32_t done[kPasses];   // finished blocks
   Outcome outcome;
@@ -94,139 +91,6 @@ struct Work {
 };
 
 __device__ __forceinline__ uint32_t KeyOf(float x) { return plan::KeyOfBits(__float_as_uint(x)); }
-
-// Counts one key in a shared histogram. Lanes with equal bins are grouped (__match_any_sync,
-// sm_70+) and one of them adds the group's count: gradient keys crowd into a few bins.
-__device__ __forceinline__ void AddToBin(uint32_t* local, uint32_t bin) {
-  const unsigned active = __activemask();
-  const unsigned peers = __match_any_sync(active, bin);
-  if ((threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) {
-    atomicAdd(&local[bin], static_cast<uint32_t>(__popc(peers)));
-  }
-}
-
-// Whole block: true in the block that finished last (its reads then see every block's writes).
-__device__ bool LastBlock(uint32_t* done) {
-  __shared__ bool s_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (s_last) __threadfence();
-  return s_last;
-}
-
-// Whole block: the next tile of this pass, in claim order.
-__device__ uint32_t ClaimTile(uint32_t* counter) {
-  __shared__ uint32_t s_tile;
-  __syncthreads();  // the previous tile's readers are done with s_tile
-  if (threadIdx.x == 0) s_tile = atomicAdd(counter, 1u);
-  __syncthreads();
-  return s_tile;
-}
-
-// Whole block: plan::PickDigit over a shared histogram, split over the threads (each sums a
-// group of bins from the top; a block scan gives the count above each group).
-template <int kBins>
-__device__ plan::DigitPick BlockPickDigit(const uint32_t* s_hist, unsigned long long rank) {
-  constexpr int kPer = kBins / kThreads;
-  static_assert(kPer * kThreads == kBins, "bins per thread");
-  using Scan = cub::BlockScan<unsigned long long, kThreads>;
-  __shared__ typename Scan::TempStorage tmp;
-  __shared__ plan::DigitPick s_pick;
-  const int top = kBins - static_cast<int>(threadIdx.x) * kPer;  // exclusive
-  unsigned long long sum = 0;
-  for (int q = 0; q < kPer; ++q) sum += s_hist[top - 1 - q];
-  unsigned long long above = 0, total = 0;
-  Scan(tmp).ExclusiveSum(sum, above, total);
-  if (threadIdx.x == 0) s_pick = plan::DigitPick{0, total, false};
-  __syncthreads();
-  if (above < rank && above + sum >= rank) {
-    unsigned long long a = above;
-    for (int q = 0; q < kPer; ++q) {
-      const unsigned long long c = s_hist[top - 1 - q];
-      if (a + c >= rank) {
-        s_pick = plan::DigitPick{static_cast<uint32_t>(top - 1 - q), a, true};
-        break;
-      }
-      a += c;
-    }
-  }
-  __syncthreads();
-  plan::DigitPick p = s_pick;
-  __syncthreads();
-  return p;
-}
-
-// Thread 0 of a tile: publishes the tile's kC counts and returns the counts of all tiles
-// before it (decoupled look-back). Words are (epoch << 32) | count; a word from another call
-// has another epoch and reads as "not yet". Tile 0 publishes its inclusive counts at once, so
-// the walk back always ends. Counts stay below 2^32 (n <= 2^32 - 1).
-template <int kC>
-__device__ void LookBack(unsigned long long* agg, unsigned long long* inc, uint32_t tile,
-                         uint32_t epoch, const uint32_t (&mine)[kC], uint32_t (&before)[kC]) {
-  using Ref = ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device>;
-  const unsigned long long tag = static_cast<unsigned long long>(epoch) << 32;
-  for (int c = 0; c < kC; ++c) before[c] = 0;
-  if (tile != 0) {
-    for (int c = 0; c < kC; ++c) {
-      Ref(agg[tile * kC + c]).store(tag | mine[c], ::cuda::std::memory_order_relaxed);
-    }
-    int64_t p = static_cast<int64_t>(tile) - 1;
-    for (;;) {
-      unsigned long long w[kC];
-      bool ready = true;
-      for (int c = 0; c < kC; ++c) {
-        w[c] = Ref(inc[p * kC + c]).load(::cuda::std::memory_order_relaxed);
-        ready = ready && (w[c] >> 32) == epoch;
-      }
-      if (ready) {
-        for (int c = 0; c < kC; ++c) before[c] += static_cast<uint32_t>(w[c]);
-        break;
-      }
-      ready = true;
-      for (int c = 0; c < kC; ++c) {
-        w[c] = Ref(agg[p * kC + c]).load(::cuda::std::memory_order_relaxed);
-        ready = ready && (w[c] >> 32) == epoch;
-      }
-      if (ready) {
-        for (int c = 0; c < kC; ++c) before[c] += static_cast<uint32_t>(w[c]);
-        --p;  // tile 0 never publishes an aggregate, so p stays >= 0
-      } else {
-        __nanosleep(32);
-      }
-    }
-  }
-  for (int c = 0; c < kC; ++c) {
-    Ref(inc[tile * kC + c]).store(tag | (before[c] + mine[c]), ::cuda::std::memory_order_relaxed);
-  }
-}
-
-// Warp 0: exclusive prefix, in place, of the kRows counts of each of kC counters (row order is
-// index order); returns the tile totals in every lane.
-template <int kC>
-__device__ void ScanRows(uint32_t (*s_cnt)[kRows], uint32_t (&total)[kC]) {
-  constexpr int kPerLane = kRows / 32;
-  const unsigned lane = threadIdx.x & 31u;
-  for (int c = 0; c < kC; ++c) {
-    uint32_t v[kPerLane], sum = 0;
-    for (int q = 0; q < kPerLane; ++q) {
-      v[q] = s_cnt[c][lane * kPerLane + q];
-      sum += v[q];
-    }
-    uint32_t incl = sum;
-    for (int d = 1; d < 32; d <<= 1) {
-      const uint32_t up = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= static_cast<unsigned>(d)) incl += up;
-    }
-    uint32_t run = incl - sum;
-    for (int q = 0; q < kPerLane; ++q) {
-      s_cnt[c][lane * kPerLane + q] = run;
-      run += v[q];
-    }
-    total[c] = __shfl_sync(0xffffffffu, incl, 31);
-  }
-}
 
 template <bool kMom>
 __global__ void __launch_bounds__(kThreads)
@@ -320,16 +184,18 @@ __global__ void __launch_bounds__(kThreads)
     w.hist1[i] = 0;
   }
   __syncthreads();
+  const unsigned long long count = __ldcg(&st->cand_count);
   const plan::DigitPick first = BlockPickDigit<plan::kBins1>(s_hist, k);
-  const plan::DigitPick next = BlockPickDigit<plan::kBins1>(s_hist, plan::GuessTarget(k));
+  const plan::DigitPick next =
+      BlockPickDigit<plan::kBins1>(s_hist, plan::GuessAim(k, st->predicted, count));
   if (threadIdx.x == 0) {
-    const unsigned long long count = __ldcg(&st->cand_count);
     const bool candidates = plan::CandidatesSuffice(count, k, w.cap);
     st->mode = candidates ? kModeCandidates : kModeFull;
     st->prefix = first.digit << plan::kShift1;
     st->k_rem = k - first.above;
     if (!first.found) st->outcome.fault = kFaultCounts;
     st->guess = plan::NextGuessFromPick(next);
+    st->predicted = plan::PredictedCount(next, s_hist);
     st->outcome.mode = st->mode;
     st->outcome.candidates = count;
     st->tiles[kFused] = 0;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -119,6 +120,21 @@ TEST(CudaKernelsArgs, OtherKernelsRejectBadArguments) {
   EXPECT_TRUE(Gpu().SumInto(f, f, 1, 0, 0, nullptr).ok());
 }
 
+TEST(CudaKernelsArgs, ScatterAddBlocksRejectsBadArguments) {
+  auto cpu_ws = Cpu().NewScatterWorkspace();
+  std::vector<uint32_t> words(4);
+  std::vector<float> dense(4);
+  Status s = Gpu().ScatterAddBlocks(words.data(), 1, 2, dense.data(), 4, cpu_ws.get(), nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("NewScatterWorkspace"), std::string::npos) << s.message();
+  auto gpu_ws = Gpu().NewScatterWorkspace();
+  s = Gpu().ScatterAddBlocks(words.data(), 1, 5, dense.data(), 4, gpu_ws.get(), nullptr);
+  EXPECT_NE(s.message().find("k is 5 but n is 4"), std::string::npos) << s.message();
+  s = Cpu().ScatterAddBlocks(words.data(), 1, 2, dense.data(), 4, gpu_ws.get(), nullptr);
+  EXPECT_NE(s.message().find("CpuKernels().NewScatterWorkspace()"), std::string::npos)
+      << s.message();
+}
+
 TEST(CudaKernelsArgs, MemoryCallsRejectBadArguments) {
   float* f = reinterpret_cast<float*>(0x1000);
   Status s = Gpu().Scale(f, 4, std::numeric_limits<float>::infinity(), nullptr);
@@ -218,6 +234,102 @@ INSTANTIATE_TEST_SUITE_P(
                       TopKCase{1000, 1000, false, false}, TopKCase{4097, 41, true, false},
                       TopKCase{100003, 100, false, false}, TopKCase{100003, 1000, true, false},
                       TopKCase{100003, 5000, false, true}, TopKCase{1 << 20, 1049, true, true}));
+
+// Gradient-like steps: after the first two calls (no guess, then no drift estimate) the
+// candidate path must carry the selection, still bit-identical to the CPU kernel.
+TEST(CudaTopKPath, SteadyStateUsesTheCandidatesAndStaysExact) {
+  PSD_SKIP_WITHOUT_GPU();
+  const size_t n = size_t{1} << 21, k = 2097;  // 0.1%
+  std::vector<float> residual(n, 0.0f), mom(n, 0.0f);
+  DeviceBuffer<float> d_res(residual), d_mom(mom), d_grad(n), d_val(k);
+  DeviceBuffer<uint32_t> d_idx(k);
+  auto cpu_ws = Cpu().NewWorkspace();
+  auto gpu_ws = Gpu().NewWorkspace();
+  for (int step = 0; step < 10; ++step) {
+    std::vector<float> grad = RandomFloats(n, 500 + static_cast<uint32_t>(step), 1e-3f);
+    d_grad.Upload(grad);
+    std::vector<uint32_t> idx(k);
+    std::vector<float> val(k);
+    ASSERT_TRUE(Cpu().FusedResidualTopK(grad.data(), residual.data(), mom.data(), 0.9f, n, k,
+                                        idx.data(), val.data(), cpu_ws.get(), nullptr)
+                    .ok());
+    Status s = Gpu().FusedResidualTopK(d_grad.get(), d_res.get(), d_mom.get(), 0.9f, n, k,
+                                       d_idx.get(), d_val.get(), gpu_ws.get(), nullptr);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(d_idx.Download(), idx) << "step " << step;  // Download synchronizes the device
+    ExpectSameBits(val, d_val.Download(), "values");
+    ExpectSameBits(residual, d_res.Download(), "residual");
+    Result<CudaTopKCall> call = LastCudaTopKCall(*gpu_ws);
+    ASSERT_TRUE(call.ok());
+    EXPECT_EQ(call->calls, static_cast<uint64_t>(step + 1));
+    EXPECT_EQ(call->fault, 0u);
+    if (step == 0) {
+      EXPECT_FALSE(call->used_candidates) << "no guess on the first call";
+    }
+    if (step >= 2) {
+      EXPECT_TRUE(call->used_candidates) << "step " << step << ": " << call->candidates;
+    }
+  }
+}
+
+// Every rank's block in one call: bitwise the CPU result (repeated indices across blocks are
+// added in block order), and a bad block reported through the workspace after the stream.
+TEST(CudaKernels, ScatterAddBlocksMatchesCpuAndReportsFaults) {
+  PSD_SKIP_WITHOUT_GPU();
+  const size_t n = 100000, k = 4000;
+  const int world = 9;
+  std::mt19937 gen(11);
+  std::vector<uint32_t> words;
+  for (int b = 0; b < world; ++b) {
+    std::vector<uint32_t> idx;
+    for (size_t i = gen() % 20; idx.size() < k; i += 1 + gen() % 40) {
+      idx.push_back(static_cast<uint32_t>(i % n));
+    }
+    std::sort(idx.begin(), idx.end());
+    idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+    while (idx.size() < k) idx.push_back(idx.back() + 1);  // stays < n for these sizes
+    std::vector<float> val = RandomFloats(k, 900 + static_cast<uint32_t>(b), 10.0f);
+    words.insert(words.end(), idx.begin(), idx.end());
+    for (float v : val) {
+      uint32_t w;
+      std::memcpy(&w, &v, 4);
+      words.push_back(w);
+    }
+  }
+  std::vector<float> dense(n, 0.0f);
+  DeviceBuffer<uint32_t> d_words(words);
+  DeviceBuffer<float> d_dense(dense);
+  auto cpu_ws = Cpu().NewScatterWorkspace();
+  auto gpu_ws = Gpu().NewScatterWorkspace();
+  ASSERT_TRUE(
+      Cpu().ScatterAddBlocks(words.data(), world, k, dense.data(), n, cpu_ws.get(), nullptr).ok());
+  Status s =
+      Gpu().ScatterAddBlocks(d_words.get(), world, k, d_dense.get(), n, gpu_ws.get(), nullptr);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectSameBits(dense, d_dense.Download(), "dense");
+  EXPECT_TRUE(gpu_ws->Fault().ok());
+
+  // Block 4 repeats an index: nothing is added, the next look at the workspace names it.
+  std::vector<uint32_t> bad = words;
+  bad[4 * 2 * k + 10] = bad[4 * 2 * k + 9];
+  d_words.Upload(bad);
+  const std::vector<float> before = d_dense.Download();
+  ASSERT_TRUE(
+      Gpu().ScatterAddBlocks(d_words.get(), world, k, d_dense.get(), n, gpu_ws.get(), nullptr)
+          .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Status fault = gpu_ws->Fault();
+  auto cpu_ws2 = Cpu().NewScatterWorkspace();
+  Status cpu_fault =
+      Cpu().ScatterAddBlocks(bad.data(), world, k, dense.data(), n, cpu_ws2.get(), nullptr);
+  EXPECT_EQ(fault.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(fault.message(), cpu_fault.message());
+  ExpectSameBits(before, d_dense.Download(), "dense after a bad block (unchanged)");
+  // Sticky: the next call fails at once.
+  EXPECT_FALSE(
+      Gpu().ScatterAddBlocks(d_words.get(), world, k, d_dense.get(), n, gpu_ws.get(), nullptr)
+          .ok());
+}
 
 TEST(CudaKernels, ScatterAddMatchesCpu) {
   PSD_SKIP_WITHOUT_GPU();
