@@ -8,7 +8,8 @@
 // must be bitwise equal (allreduce, ps, topk with its residual; the optimizer kernels match
 // bit for bit), except sfb, whose GEMM (cuBLAS vs BLAS) is compared to float32 rounding. The
 // engine test hands gradients over on a caller stream and orders that stream after each
-// handle's event: the host never waits for the exchange's transfer.
+// handle's event: the host never waits for the exchange's transfer. DeviceHybridGraph captures
+// one top-k exchange in a CUDA graph (one rank, NCCL).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -327,6 +328,77 @@ TEST(DeviceHybridGpu, EngineOnStreamsMatchesHost) {
     ExpectClose(host_g[l], got[l], true, "layer " + std::to_string(l));
   }
   ExpectClose(host_w[0], got_w, true, "sgd params");
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// One whole top-k exchange (fused selection, allgather, block scatter-add, average) captured in
+// a CUDA graph and replayed: capture fails on any host synchronization, so this shows the step
+// has none. One rank over NCCL (POSEIDON_DEVICE_BACKEND=nccl; its collectives are capturable),
+// compared bit for bit with the same steps on host memory.
+TEST(DeviceHybridGraph, TopkExchangeCapturesInACudaGraph) {
+  PSD_SKIP_UNLESS_ALL_HAVE_GPU();
+  if (World()->size() != 1) GTEST_SKIP() << "one rank: NCCL takes one GPU per rank";
+  LayerSpec l = Layer("topk", {200003}, LayerKind::kSparse, StrategyKind::kTopk);
+  l.topk.density = 0.01;
+  l.topk.min_elements = 0;
+  l.topk.warmup_steps = 0;
+  l.topk.momentum = 0.9;
+  auto host = HybridCollective::Create(World(), MemoryKind::kHost);
+  auto dev = HybridCollective::Create(World(), MemoryKind::kDevice);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  (*dev)->set_stream(stream);
+  for (HybridCollective* h : {host->get(), dev->get()}) {
+    ASSERT_TRUE(h->RegisterLayer(l).ok());
+    ASSERT_TRUE(h->BuildPlan(kBatch, CostModel::BytesOnly(), PlannerOptions{}).ok());
+  }
+  const size_t n = l.NumElements();
+  auto grad = [&](int64_t step) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = Grad(0, step, i) * static_cast<float>(1 + i % 5);
+    return g;
+  };
+  DeviceBuffer<float> dg(n);
+  ExchangeBuffers b;
+  b.grad = dg.get();
+  // Step 0 outside the graph: the strategy state and the kernel workspaces are made here.
+  std::vector<float> want = grad(0);
+  ExchangeBuffers hb;
+  hb.grad = want.data();
+  ASSERT_TRUE((*host)->Exchange(0, hb, 0).ok());
+  dg.Upload(grad(0));
+  Status st = (*dev)->Exchange(0, b, 0);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ExpectClose(want, dg.Download(), true, "step 0 (not captured)");
+
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  st = (*dev)->Exchange(0, b, 1);
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(st.ok()) << "the exchange under capture: " << st.ToString();
+  ASSERT_EQ(end, cudaSuccess) << "capture ended with " << cudaGetErrorString(end)
+                              << ": something in the exchange synchronized with the host";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int64_t step = 1; step <= 3; ++step) {
+    want = grad(step);
+    hb.grad = want.data();
+    ASSERT_TRUE((*host)->Exchange(0, hb, step).ok());
+    dg.Upload(grad(step));
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ExpectClose(want, dg.Download(), true, "graph replay, step " + std::to_string(step));
+    auto* hs = dynamic_cast<const TopkLayerState*>((*host)->state(0));
+    auto* ds = dynamic_cast<const TopkLayerState*>((*dev)->state(0));
+    ASSERT_TRUE(hs != nullptr && ds != nullptr);
+    ExpectClose(hs->residual(), ds->residual(), true, "residual, step " + std::to_string(step));
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  (*dev)->set_stream(nullptr);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
