@@ -24,6 +24,14 @@ if(POSEIDON_CUDA_ENABLED AND TARGET poseidon_kernels_cuda)
   set_tests_properties(cuda_kernels_test PROPERTIES TIMEOUT 120 LABELS gpu
                        SKIP_REGULAR_EXPRESSION "${_psd_no_gpu}")
 
+  # Edge cases of the CUDA kernels against the CPU kernels: special values, ties, odd sizes,
+  # workspaces, streams, a CUDA graph, n > 2^31 (CudaEdgeBig.*, skipped without the memory).
+  add_executable(cuda_edge_test gpu/cuda_edge_test.cc gpu/cuda_edge_test_calls.cc)
+  target_link_libraries(cuda_edge_test PRIVATE poseidon_kernels GTest::gtest_main)
+  add_test(NAME cuda_edge_test COMMAND cuda_edge_test)
+  set_tests_properties(cuda_edge_test PROPERTIES TIMEOUT 300 LABELS gpu
+                       SKIP_REGULAR_EXPRESSION "${_psd_no_gpu}")
+
   # The device backends (NCCL, MPI-staged) under mpirun; ranks share the one GPU at np > 1.
   add_executable(device_backend_test gpu/device_backend_test.cc)
   target_link_libraries(device_backend_test PRIVATE poseidon_mpi_test_main)
