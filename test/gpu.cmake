@@ -20,7 +20,7 @@ if(POSEIDON_CUDA_ENABLED AND TARGET poseidon_kernels_cuda)
            --gtest_filter=CudaKernelsSeam.*:CudaKernelsArgs.*:CudaKernelsNoGpu.*)
   set_tests_properties(cuda_kernels_args_test PROPERTIES TIMEOUT 60 LABELS gpu)
   add_test(NAME cuda_kernels_test COMMAND cuda_kernels_test
-           --gtest_filter=CudaKernels.*:Shapes/CudaTopK.*)
+           --gtest_filter=CudaKernels.*:CudaTopKPath.*:Shapes/CudaTopK.*)
   set_tests_properties(cuda_kernels_test PROPERTIES TIMEOUT 120 LABELS gpu
                        SKIP_REGULAR_EXPRESSION "${_psd_no_gpu}")
 
@@ -50,7 +50,8 @@ if(POSEIDON_CUDA_ENABLED AND TARGET poseidon_kernels_cuda)
   add_executable(hybrid_device_test gpu/hybrid_device_test.cc)
   target_link_libraries(hybrid_device_test PRIVATE poseidon_engine poseidon_mpi_test_main)
   psd_add_mpi_test(hybrid_device_test NP 1 2 TIMEOUT 60 LABELS gpu
-                   ARGS --gtest_filter=-DeviceHybridGpu.* ENV POSEIDON_DEVICE_BACKEND=staged)
+                   ARGS --gtest_filter=-DeviceHybridGpu.*:DeviceHybridGraph.*
+                   ENV POSEIDON_DEVICE_BACKEND=staged)
   add_executable(hybrid_device_gpu_test ALIAS hybrid_device_test)
   psd_add_mpi_test(hybrid_device_gpu_test NP 1 2 TIMEOUT 120 LABELS gpu
                    ARGS --gtest_filter=DeviceHybridGpu.* ENV POSEIDON_DEVICE_BACKEND=staged)
@@ -58,6 +59,12 @@ if(POSEIDON_CUDA_ENABLED AND TARGET poseidon_kernels_cuda)
     set_tests_properties(hybrid_device_gpu_test_np${np} PROPERTIES
                          SKIP_REGULAR_EXPRESSION "${_psd_no_gpu}")
   endforeach()
+  # One top-k exchange captured in a CUDA graph: one rank over NCCL.
+  add_executable(hybrid_device_graph_test ALIAS hybrid_device_test)
+  psd_add_mpi_test(hybrid_device_graph_test NP 1 TIMEOUT 120 LABELS gpu
+                   ARGS --gtest_filter=DeviceHybridGraph.* ENV POSEIDON_DEVICE_BACKEND=nccl)
+  set_tests_properties(hybrid_device_graph_test_np1 PROPERTIES
+                       SKIP_REGULAR_EXPRESSION "${_psd_no_gpu}")
 
   # The GPU benchmark binary runs once, briefly: without a GPU it must print its skip line and
   # exit 0 (reported as skipped).
