@@ -7,6 +7,9 @@
 // (the target is compiled with --fmad=false, and each kernel evaluates the CPU twin's
 // expressions in the same order). ScatterAdd uses float atomicAdd: with repeated indices the
 // order of the additions, and so the last bits of the sums, can change from run to run.
+// NaN is the one exception to bit identity: CUDA float arithmetic returns the canonical NaN
+// (0x7fffffff) where x86 keeps an operand's sign and payload, so a NaN result is a NaN on both
+// sides but its bits may differ. The selection does not depend on it (every NaN has one key).
 #pragma once
 
 #include "kernels/kernels.h"
