@@ -1,0 +1,503 @@
+// The Handle and Comm classes of the _poseidon module and their bindings (BindComm).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings/c/engine_bridge.h"
+#include "bindings/c/poseidon.h"
+#include "bindings/c/registry.h"
+#include "bindings/python/module_common.h"
+
+namespace poseidon::python {
+
+namespace {
+
+class Comm;
+
+// What one submission borrows: the C handle and the Python objects whose memory the engine reads
+// and writes (grad, params, u, v) until the exchange completes.
+struct Inflight {
+  psdHandle_t h = nullptr;
+  std::vector<py::object> keep;
+};
+
+// True when the engine is done with the handle's arrays. Anything but "still running" (psdSuccess
+// with done = 0) ends the borrowing: a failed exchange reports its error with done = 1, and a
+// handle the registry no longer knows (its communicator was finalized) has nothing running.
+bool Finished(psdHandle_t h) {
+  int done = 0;
+  return psdTest(h, &done) != psdSuccess || done != 0;
+}
+
+// Exchanges still running when a communicator went away without stopping them (it never
+// happens after a clean destroy, which fails what is pending): their arrays stay referenced for
+// the life of the process rather than be freed under the engine. Never freed.
+std::vector<Inflight>& Abandoned() {
+  static auto* abandoned = new std::vector<Inflight>();
+  return *abandoned;
+}
+
+// A submission's Python face. While it lives it keeps its arrays; freed (del, free, garbage
+// collection) before the exchange completes, it hands them and the C handle to its Comm, which
+// lets them go, with the GIL held, once the exchange is done (Comm::Reap, at every submit, wait,
+// test and destroy). It also holds its Comm's Python object, so the Comm outlives it.
+class Handle {
+ public:
+  Handle(Comm* comm, py::object comm_obj, Inflight in)
+      : comm_(comm), comm_obj_(std::move(comm_obj)), in_(std::move(in)) {}
+  ~Handle() { Release(); }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  // True when complete; raises the exchange's error. See TimeoutMs for the timeout.
+  bool Wait(py::handle timeout);
+  // True when done (never blocks); raises the exchange's error.
+  bool Test();
+  // Frees the handle; an exchange still running keeps its arrays (in its Comm) until done.
+  void Free() { Release(); }
+
+ private:
+  void Release();
+  void Live(const char* what) const {
+    if (in_.h == nullptr) BadArg(std::string("Handle.") + what + ": the handle was freed");
+  }
+  Comm* comm_;
+  py::object comm_obj_;  // keeps comm_ alive
+  Inflight in_;
+};
+
+class Comm {
+ public:
+  // mpi_comm: 0 for MPI_COMM_WORLD, else an MPI_Comm handle value (mpi4py: MPI._handleof).
+  explicit Comm(uintptr_t mpi_comm) {
+    if (mpi_comm == 0) {
+      Check(psdCommInitWorld(&c_));
+    } else {
+      // Open MPI's MPI_Comm is a pointer; MPICH's an int: both travel as an integer.
+      // A C-style cast converts to either representation.
+      MPI_Comm mc = (MPI_Comm)mpi_comm;  // NOLINT(google-readability-casting)
+      Check(psdCommInitFromMpi(mc, &c_));
+    }
+  }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  ~Comm() {
+    // No Handle is left (each holds this Comm); destroying fails what the engine still has.
+    if (c_ != nullptr) psdCommDestroy(c_);
+    Reap();
+    for (Inflight& in : orphans_) Abandoned().push_back(std::move(in));
+    orphans_.clear();
+  }
+  void Destroy() {
+    if (c_ == nullptr) {
+      Reap();
+      return;
+    }
+    psdComm_t c = c_;
+    c_ = nullptr;
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = psdCommDestroy(c);
+    }
+    Reap();  // the engine failed what was pending: those arrays can go
+    Check(r);
+  }
+  // Takes over the arrays of a freed handle whose exchange still runs.
+  void Adopt(Inflight in) { orphans_.push_back(std::move(in)); }
+  // Lets go of the arrays (and C handles) of freed handles whose exchange is done. GIL held.
+  void Reap() {
+    for (size_t i = 0; i < orphans_.size();) {
+      if (Finished(orphans_[i].h)) {
+        psdHandleFree(orphans_[i].h);
+        orphans_.erase(orphans_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  // Freed handles whose arrays are still held (tests).
+  size_t NumHeld() const { return orphans_.size(); }
+  psdComm_t get() const {
+    if (c_ == nullptr) BadArg("the communicator was destroyed");
+    return c_;
+  }
+
+  int Int(psdResult_t (*fn)(psdComm_t, int*)) const {
+    int v = 0;
+    Check(fn(get(), &v), get());
+    return v;
+  }
+
+  void AllReduce(py::handle send, py::handle recv) {
+    View s, r;
+    LocalChecks("psdAllReduce", "AllReduce", [&] {
+      s = ToView(send, "allreduce: send", false);
+      r = ToView(recv, "allreduce: recv", true);
+      RequireSame(s, r, "allreduce");
+      if (s.count != r.count) {
+        BadArg("allreduce: recv has " + std::to_string(r.count) + " elements; expected " +
+               std::to_string(s.count) + " (as send)");
+      }
+    });
+    Blocking([&](psdComm_t c) {
+      return psdAllReduce(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr);
+    });
+  }
+  void ReduceScatter(py::handle send, py::handle recv) {
+    View s, r;
+    size_t world = static_cast<size_t>(Int(psdCommSize));
+    LocalChecks("psdReduceScatter", "ReduceScatter", [&] {
+      s = ToView(send, "reduce_scatter: send", false);
+      r = ToView(recv, "reduce_scatter: recv", true);
+      RequireSame(s, r, "reduce_scatter");
+      if (s.count != r.count * world) {
+        BadArg("reduce_scatter: send has " + std::to_string(s.count) + " elements; expected " +
+               std::to_string(world) + " ranks x " + std::to_string(r.count) + " (recv)");
+      }
+    });
+    Blocking([&](psdComm_t c) {
+      return psdReduceScatter(c, s.data, r.data, r.count, s.dtype, s.memory, nullptr);
+    });
+  }
+  void AllGather(py::handle send, py::handle recv) {
+    View s, r;
+    size_t world = static_cast<size_t>(Int(psdCommSize));
+    LocalChecks("psdAllGather", "AllGather", [&] {
+      s = ToView(send, "allgather: send", false);
+      r = ToView(recv, "allgather: recv", true);
+      RequireSame(s, r, "allgather");
+      if (r.count != s.count * world) {
+        BadArg("allgather: recv has " + std::to_string(r.count) + " elements; expected " +
+               std::to_string(world) + " ranks x " + std::to_string(s.count) + " (send)");
+      }
+    });
+    Blocking([&](psdComm_t c) {
+      return psdAllGather(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr);
+    });
+  }
+  void Broadcast(py::handle buf, int root) {
+    View b;
+    LocalChecks("psdBroadcast", "Broadcast", [&] { b = ToView(buf, "broadcast: buf", true); });
+    Blocking([&](psdComm_t c) {
+      return psdBroadcast(c, b.data, b.count, b.dtype, root, b.memory, nullptr);
+    });
+  }
+  void Barrier() {
+    Blocking([&](psdComm_t c) { return psdBarrier(c); });
+  }
+
+  int RegisterLayer(const std::string& name, const std::vector<size_t>& shape,
+                    const std::string& kind, const std::string& strategy, double density,
+                    std::optional<std::string> candidates, std::optional<py::dict> optimizer) {
+    psdLayerConfig_t cfg;
+    Check(psdLayerConfigInit(&cfg));
+    cfg.name = name.c_str();
+    cfg.ndim = static_cast<int>(shape.size());
+    cfg.shape = shape.data();
+    cfg.kind = ParseKind(kind);
+    cfg.strategy = ParseStrategy(strategy);
+    cfg.density = density;
+    if (candidates) cfg.candidates = candidates->c_str();
+    if (optimizer) {
+      for (auto item : *optimizer) {
+        std::string key = py::str(item.first);
+        py::handle val = item.second;
+        if (key == "kind") {
+          std::string k = py::str(val);
+          if (k == "none")
+            cfg.optimizer.kind = psdOptimizerNone;
+          else if (k == "sgd")
+            cfg.optimizer.kind = psdOptimizerSgd;
+          else if (k == "adam")
+            cfg.optimizer.kind = psdOptimizerAdam;
+          else
+            BadArg("optimizer kind '" + k + "' is unknown; expected none, sgd or adam");
+        } else if (key == "lr") {
+          cfg.optimizer.lr = val.cast<float>();
+        } else if (key == "momentum") {
+          cfg.optimizer.momentum = val.cast<float>();
+        } else if (key == "nesterov") {
+          cfg.optimizer.nesterov = val.cast<bool>() ? 1 : 0;
+        } else if (key == "beta1") {
+          cfg.optimizer.beta1 = val.cast<float>();
+        } else if (key == "beta2") {
+          cfg.optimizer.beta2 = val.cast<float>();
+        } else if (key == "eps") {
+          cfg.optimizer.eps = val.cast<float>();
+        } else if (key == "weight_decay") {
+          cfg.optimizer.weight_decay = val.cast<float>();
+        } else {
+          BadArg("optimizer option '" + key +
+                 "' is unknown; expected kind, lr, momentum, "
+                 "nesterov, beta1, beta2, eps or weight_decay");
+        }
+      }
+    }
+    int id = -1;
+    Check(psdRegisterLayer(get(), &cfg, &id), get());
+    if (id >= 0) {
+      if (layers_.size() <= static_cast<size_t>(id)) layers_.resize(static_cast<size_t>(id) + 1);
+      size_t count = 1;
+      for (size_t d : shape) count *= d;
+      layers_[static_cast<size_t>(id)] = LayerShape{true, name, shape, count, cfg.kind};
+    }
+    return id;
+  }
+  void BuildPlan(size_t batch) {
+    Blocking([&](psdComm_t c) { return psdBuildPlan(c, batch); });
+  }
+  std::string Plan() const {
+    size_t need = 0;
+    Check(psdGetPlan(get(), nullptr, &need), get());
+    std::string text(need, '\0');
+    Check(psdGetPlan(get(), text.data(), &need), get());
+    text.resize(need - 1);
+    return text;
+  }
+  std::string LayerStrategy(int id) const {
+    psdStrategy_t s;
+    Check(psdGetLayerStrategy(get(), id, &s), get());
+    return StrategyName(s);
+  }
+  int NumLayers() const { return Int(psdNumLayers); }
+
+  // Checks every array against the layer before anything reaches the C API (a short array
+  // would be overrun by the engine on every rank); a refused argument fails the engine on every
+  // rank (SubmitChecks) and raises InvalidArgumentError here.
+  std::unique_ptr<Handle> Submit(py::object self, int layer, py::handle grad, py::handle params,
+                                 py::handle u, py::handle v) {
+    psdComm_t c = get();
+    Reap();
+    Inflight in;
+    float *g = nullptr, *p = nullptr;
+    const float *uu = nullptr, *vv = nullptr;
+    size_t batch = 0;
+    SubmitChecks([&] {
+      if (layer < 0 || static_cast<size_t>(layer) >= layers_.size() ||
+          !layers_[static_cast<size_t>(layer)].known) {
+        BadArg("Comm.submit: layer " + std::to_string(layer) + " is not registered; expected " +
+               (layers_.empty() ? std::string("register_layer first")
+                                : "0.." + std::to_string(layers_.size() - 1)));
+      }
+      const LayerShape& want = layers_[static_cast<size_t>(layer)];
+      const std::string at =
+          "Comm.submit(layer " + std::to_string(layer) + " '" + want.name + "'): ";
+      auto f32 = [&](py::handle obj, const char* name, bool writable) -> View {
+        const std::string what = at + name;
+        View view = ToView(obj, what.c_str(), writable);
+        if (view.dtype != psdFloat32) {
+          BadArg(what + " has dtype " + DTypeName(view.dtype) + "; expected float32 elements");
+        }
+        if (view.memory != psdMemHost) {
+          BadArg(what + " is a tensor on " + view.device +
+                 "; expected host memory (a CPU array or tensor): the engine exchanges host "
+                 "buffers, so copy it with .cpu() and back");
+        }
+        in.keep.push_back(py::reinterpret_borrow<py::object>(obj));
+        return view;
+      };
+      auto count_is = [&](const View& view, const char* name) {
+        if (view.count != want.count) {
+          BadArg(at + name + " has " + std::to_string(view.count) + " elements; expected " +
+                 std::to_string(want.count) + " (layer shape " + ShapeText(want.shape) + ")");
+        }
+      };
+      if (grad.is_none()) {
+        BadArg(at + "grad is None; expected a float32 array of " + std::to_string(want.count) +
+               " elements");
+      }
+      View gv = f32(grad, "grad", true);
+      count_is(gv, "grad");
+      g = static_cast<float*>(gv.data);
+      if (!params.is_none()) {
+        View pv = f32(params, "params", true);
+        count_is(pv, "params");
+        p = static_cast<float*>(pv.data);
+      }
+      if (u.is_none() != v.is_none()) {
+        BadArg(at + (u.is_none() ? "v is given without u" : "u is given without v") +
+               "; expected both factors (K x M and K x N) or neither");
+      }
+      if (u.is_none()) return;
+      if (want.kind != psdLayerFullyConnected || want.shape.size() != 2) {
+        BadArg(at + "factors u, v given for a layer registered as " +
+               (want.kind == psdLayerFullyConnected ? "fc" : "non-fc") + " of shape " +
+               ShapeText(want.shape) + "; expected an fc layer of shape M x N");
+      }
+      View uv = f32(u, "u", false);
+      View vv2 = f32(v, "v", false);
+      const size_t m = want.shape[0], n = want.shape[1];
+      if (uv.shape.size() != 2 || uv.shape[1] != m) {
+        BadArg(at + "u has shape " + ShapeText(uv.shape) + "; expected K x " + std::to_string(m) +
+               " (K x M for layer shape " + ShapeText(want.shape) + ")");
+      }
+      batch = uv.shape[0];
+      if (vv2.shape.size() != 2 || vv2.shape[0] != batch || vv2.shape[1] != n) {
+        BadArg(at + "v has shape " + ShapeText(vv2.shape) + "; expected " + std::to_string(batch) +
+               " x " + std::to_string(n) + " (K x N, K = " + std::to_string(batch) +
+               " as u, for layer shape " + ShapeText(want.shape) + ")");
+      }
+      uu = static_cast<const float*>(uv.data);
+      vv = static_cast<const float*>(vv2.data);
+    });
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = psdSubmit(c, layer, g, p, uu, vv, batch, &in.h);
+    }
+    Check(r, c);
+    return std::make_unique<Handle>(this, std::move(self), std::move(in));
+  }
+
+  std::string AsyncError() const {
+    psdResult_t r;
+    Check(psdCommGetAsyncError(get(), &r));
+    return r == psdSuccess ? "" : psdGetLastError(get());
+  }
+
+ private:
+  // Runs the argument checks of a blocking collective; when one fails on this rank, this rank
+  // joins the peers' argument agreement with the error (so they fail instead of waiting for
+  // it), then raises the error here.
+  template <typename F>
+  void LocalChecks(const char* c_call, const char* backend_call, F&& checks) {
+    try {
+      checks();
+    } catch (py::error_already_set& e) {
+      std::string message = e.what();
+      psdComm_t c = get();
+      {
+        py::gil_scoped_release release;
+        (void)poseidon::capi::FailBlockingCollective(c, c_call, backend_call, message);
+      }
+      throw;
+    }
+  }
+  // Runs Comm.submit's array checks; when one fails on this rank, the engine fails on every
+  // rank (the peers would wait for this submission until the stall abort), then the error is
+  // raised here.
+  template <typename F>
+  void SubmitChecks(F&& checks) {
+    try {
+      checks();
+    } catch (py::error_already_set& e) {
+      ReportSubmitError(py::str(e.value()).cast<std::string>());
+      throw;
+    } catch (const std::exception& e) {  // e.g. a pybind11 cast error on an odd tensor
+      ReportSubmitError(e.what());
+      throw;
+    }
+  }
+  void ReportSubmitError(const std::string& message) {
+    if (c_ == nullptr) return;  // destroyed: no engine to tell
+    psdComm_t c = c_;
+    py::gil_scoped_release release;
+    (void)poseidon::capi::FailSubmit(c, message);
+  }
+  template <typename F>
+  void Blocking(F&& f) {
+    psdComm_t c = get();
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = f(c);
+    }
+    Check(r, c);
+  }
+  psdComm_t c_ = nullptr;
+  // What register_layer was given, by layer id: submit checks the arrays against it.
+  struct LayerShape {
+    bool known = false;
+    std::string name;
+    std::vector<size_t> shape;
+    size_t count = 0;
+    psdLayerKind_t kind = psdLayerDense;
+  };
+  std::vector<LayerShape> layers_;
+  // Freed handles whose exchange still ran: their C handles and arrays, until Reap sees them
+  // done.
+  std::vector<Inflight> orphans_;
+};
+
+bool Handle::Wait(py::handle timeout) {
+  Live("wait");
+  comm_->Reap();
+  const long long timeout_ms = TimeoutMs(timeout);
+  psdResult_t r;
+  {
+    py::gil_scoped_release release;
+    r = psdWait(in_.h, timeout_ms);
+  }
+  if (r == psdTimeout) return false;
+  Check(r);
+  return true;
+}
+
+bool Handle::Test() {
+  Live("test");
+  comm_->Reap();
+  int done = 0;
+  Check(psdTest(in_.h, &done));
+  return done != 0;
+}
+
+void Handle::Release() {
+  if (in_.h == nullptr) return;
+  if (Finished(in_.h)) {
+    psdHandleFree(in_.h);  // done: the arrays go with in_ below
+  } else {
+    comm_->Adopt(std::move(in_));  // still running: the Comm keeps the arrays until done
+  }
+  in_ = Inflight{};
+  comm_->Reap();
+}
+
+}  // namespace
+
+void BindComm(py::module_& m) {
+  py::class_<Handle>(m, "Handle")
+      .def("wait", &Handle::Wait, py::arg("timeout_ms") = py::none(),
+           "Waits up to timeout_ms milliseconds (None, < 0, inf or beyond 1e10: for ever; 0 only "
+           "checks); True when done, False on timeout; raises the exchange's error.")
+      .def("test", &Handle::Test, "True when done (never blocks); raises the exchange's error.")
+      .def("free", &Handle::Free);
+
+  py::class_<Comm>(m, "Comm")
+      .def(py::init<uintptr_t>(), py::arg("mpi_comm") = 0)
+      .def_property_readonly("rank", [](const Comm& c) { return c.Int(psdCommRank); })
+      .def_property_readonly("size", [](const Comm& c) { return c.Int(psdCommSize); })
+      .def_property_readonly("local_rank", [](const Comm& c) { return c.Int(psdCommLocalRank); })
+      .def_property_readonly("local_size", [](const Comm& c) { return c.Int(psdCommLocalSize); })
+      .def("allreduce", &Comm::AllReduce, py::arg("send"), py::arg("recv"))
+      .def("reduce_scatter", &Comm::ReduceScatter, py::arg("send"), py::arg("recv"))
+      .def("allgather", &Comm::AllGather, py::arg("send"), py::arg("recv"))
+      .def("broadcast", &Comm::Broadcast, py::arg("buf"), py::arg("root") = 0)
+      .def("barrier", &Comm::Barrier)
+      .def("register_layer", &Comm::RegisterLayer, py::arg("name"), py::arg("shape"),
+           py::arg("kind") = "dense", py::arg("strategy") = "auto", py::arg("density") = 0.0,
+           py::arg("candidates") = py::none(), py::arg("optimizer") = py::none())
+      .def_property_readonly("num_layers", &Comm::NumLayers)
+      .def("build_plan", &Comm::BuildPlan, py::arg("batch"))
+      .def("plan", &Comm::Plan)
+      .def("layer_strategy", &Comm::LayerStrategy, py::arg("layer"))
+      .def(
+          "submit",
+          [](py::object self, int layer, py::handle grad, py::handle params, py::handle u,
+             py::handle v) {
+            Comm& comm = self.cast<Comm&>();
+            return comm.Submit(self, layer, grad, params, u, v);
+          },
+          py::arg("layer"), py::arg("grad"), py::arg("params") = py::none(),
+          py::arg("u") = py::none(), py::arg("v") = py::none())
+      .def("async_error", &Comm::AsyncError)
+      .def_property_readonly("_num_held", &Comm::NumHeld,
+                             "Freed handles whose exchange still runs (their arrays are held).")
+      .def("destroy", &Comm::Destroy);
+}
+
+}  // namespace poseidon::python
