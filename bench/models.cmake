@@ -1,7 +1,7 @@
 # Model-level benchmarks: poseidon_model_trainer (a model-shaped training loop with emulated
 # compute and real exchanges), driven by bench/study/ (shared memory) and bench/cluster/
 # (emulated hosts in network namespaces). The model shapes are bench/common's.
-add_executable(poseidon_model_trainer cluster/model_trainer.cc)
+add_executable(poseidon_model_trainer cluster/model_trainer.cc cluster/trainer_options.cc)
 target_link_libraries(poseidon_model_trainer PRIVATE poseidon_model_shape poseidon_engine)
 
 # Smoke test: the small model, two ranks, every mode, a few iterations; the trainer exits 3
