@@ -1,6 +1,6 @@
 # CPU kernels: unit tests (no MPI; linked with the dispatcher poseidon_kernels, whose KernelsFor
 # they test too) and a smoke run of the kernel benchmark.
-add_executable(kernels_cpu_test unit/kernels_cpu_test.cc)
+add_executable(kernels_cpu_test unit/kernels_cpu_test.cc unit/kernels_cpu_ops_test.cc)
 target_link_libraries(kernels_cpu_test PRIVATE poseidon_kernels GTest::gtest_main)
 add_test(NAME kernels_cpu_test COMMAND kernels_cpu_test)
 set_tests_properties(kernels_cpu_test PROPERTIES TIMEOUT 120 LABELS unit)
