@@ -4,7 +4,7 @@ target_link_libraries(engine_unit_test PRIVATE poseidon_engine GTest::gtest_main
 add_test(NAME engine_unit_test COMMAND engine_unit_test)
 set_tests_properties(engine_unit_test PROPERTIES TIMEOUT 60 LABELS "unit;engine")
 
-add_executable(engine_test engine/engine_test.cc)
+add_executable(engine_test engine/engine_test.cc engine/engine_faults_test.cc)
 target_link_libraries(engine_test PRIVATE poseidon_engine poseidon_mpi_test_main)
 # Under ThreadSanitizer, Open MPI's own internals are suppressed (see engine/tsan.supp).
 set(_psd_engine_env POSEIDON_LOG_LEVEL=warn)
