@@ -6,7 +6,7 @@ target_link_libraries(collectives_unit_test PRIVATE poseidon_collectives GTest::
 add_test(NAME collectives_unit_test COMMAND collectives_unit_test)
 set_tests_properties(collectives_unit_test PROPERTIES TIMEOUT 60 LABELS "unit;collectives")
 
-add_executable(hybrid_test collectives/hybrid_test.cc)
+add_executable(hybrid_test collectives/hybrid_test.cc collectives/hybrid_topk_test.cc)
 target_link_libraries(hybrid_test PRIVATE poseidon_collectives poseidon_mpi_test_main)
 psd_add_mpi_test(hybrid_test NP 1 2 3 4 5 8 ${POSEIDON_TEST_NPS_ODD} TIMEOUT 120 LABELS collectives)
 
