@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 
 #include "kernels/cuda/launch.h"
@@ -28,15 +29,21 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// Entries per segment, on average, that one warp adds.
-constexpr uint64_t kEntriesPerWarp = 64;
+// Entries of one block per segment, on average: a warp adds them in one pass.
+constexpr uint64_t kEntriesPerBlock = 32;
 
+// The first 16 bytes are what the host reads (scatter_report::Report); `recorded` is set once
+// the faulting values are in, after which later calls change nothing (the fault is sticky and
+// keeps describing the first bad block).
 struct DeviceReport {
   unsigned long long word;
   uint32_t index;
   uint32_t previous;
+  uint32_t recorded;
+  uint32_t pad;
 };
-static_assert(sizeof(DeviceReport) == sizeof(scatter_report::Report), "report layout");
+static_assert(offsetof(DeviceReport, recorded) == sizeof(scatter_report::Report),
+              "report layout");
 
 __device__ __forceinline__ uint32_t IndexAt(const uint32_t* blocks, uint64_t k, uint64_t b,
                                             uint64_t j) {
@@ -47,6 +54,7 @@ __global__ void __launch_bounds__(kThreads)
     CheckAndSplit(const uint32_t* __restrict__ blocks, int num_blocks, uint64_t k, uint64_t n,
                   int shift, uint32_t segments, uint32_t* __restrict__ starts,
                   DeviceReport* report) {
+  if (*reinterpret_cast<volatile uint32_t*>(&report->recorded) != 0) return;  // sticky fault
   const uint64_t total = k * static_cast<uint64_t>(num_blocks);
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
@@ -65,8 +73,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     // Segments s in (seg(prev), seg(i)] start at j; past the last entry they start at k.
     uint32_t* row = starts + b * (static_cast<uint64_t>(segments) + 1);
-    const int64_t first = has_prev ? static_cast<int64_t>(prev >> shift) + 1 : 0;
-    const int64_t last = static_cast<int64_t>(i >> shift);
+    const int64_t first = has_prev ? static_cast<int64_t>(uint64_t{prev} >> shift) + 1 : 0;
+    const int64_t last = static_cast<int64_t>(uint64_t{i} >> shift);
     for (int64_t s = first; s <= last; ++s) row[s] = static_cast<uint32_t>(j);
     if (j + 1 == k) {
       for (int64_t s = last + 1; s <= static_cast<int64_t>(segments); ++s) {
@@ -82,10 +90,14 @@ __global__ void __launch_bounds__(kThreads)
                 DeviceReport* report) {
   const unsigned long long word = *reinterpret_cast<volatile unsigned long long*>(&report->word);
   if (word != scatter_report::kClean) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    // The values of a fault found by this call's check (an earlier call's are kept).
+    if (blockIdx.x == 0 && threadIdx.x == 0 && report->recorded == 0) {
       const uint64_t b = scatter_report::BlockOf(word), j = scatter_report::PositionOf(word);
-      report->index = IndexAt(blocks, k, b, j);
-      report->previous = j > 0 ? IndexAt(blocks, k, b, j - 1) : 0;
+      if (b < static_cast<uint64_t>(num_blocks) && j < k) {
+        report->index = IndexAt(blocks, k, b, j);
+        report->previous = j > 0 ? IndexAt(blocks, k, b, j - 1) : 0;
+      }
+      report->recorded = 1;
     }
     return;
   }
@@ -126,6 +138,7 @@ class CudaScatterWorkspace final : public ScatterWorkspace {
   }
 
   Status Fault() const override {
+    if (seen_) return scatter_report::ReportStatus(first_, first_n_);
     if (host_ == nullptr) return Status::Ok();
     // The copy may be landing while we read: two equal reads make one consistent report.
     scatter_report::Report a, b;
@@ -133,7 +146,12 @@ class CudaScatterWorkspace final : public ScatterWorkspace {
     std::atomic_thread_fence(std::memory_order_acquire);
     std::memcpy(&b, const_cast<const scatter_report::Report*>(host_), sizeof(b));
     if (std::memcmp(&a, &b, sizeof(a)) != 0) return Status::Ok();
-    return scatter_report::ReportStatus(a, n_);
+    if (a.word == scatter_report::kClean) return Status::Ok();
+    // Kept as first seen, with the n of that moment: later calls may pass another n.
+    first_ = a;
+    first_n_ = n_;
+    seen_ = true;
+    return scatter_report::ReportStatus(first_, first_n_);
   }
 
   // Room for `words` start entries on the current device; the report is made once.
@@ -147,14 +165,18 @@ class CudaScatterWorkspace final : public ScatterWorkspace {
     }
     if (report_ == nullptr) {
       PSD_CHECK(AllocOrClear(cudaMalloc(&report_, sizeof(DeviceReport)), "cudaMalloc(report)"));
-      PSD_CHECK(AllocOrClear(cudaMallocHost(&host_, sizeof(scatter_report::Report)),
+      device_ = device;
+      // A clean device report: the word all ones, the rest zero (memsets, no host copy).
+      PSD_CUDA_CHECK(cudaMemsetAsync(report_, 0xff, sizeof(unsigned long long), stream));
+      PSD_CUDA_CHECK(cudaMemsetAsync(&report_->index, 0, sizeof(DeviceReport) - 8, stream));
+    }
+    if (host_ == nullptr) {
+      void* h = nullptr;
+      PSD_CHECK(AllocOrClear(cudaMallocHost(&h, sizeof(scatter_report::Report)),
                              "cudaMallocHost(report)"));
       scatter_report::Report clean;
-      std::memcpy(const_cast<scatter_report::Report*>(host_), &clean, sizeof(clean));
-      // A clean device report: the word all ones, the values zero (memsets, no host copy).
-      PSD_CUDA_CHECK(cudaMemsetAsync(report_, 0xff, sizeof(unsigned long long), stream));
-      PSD_CUDA_CHECK(cudaMemsetAsync(&report_->index, 0, 2 * sizeof(uint32_t), stream));
-      device_ = device;
+      std::memcpy(h, &clean, sizeof(clean));
+      host_ = static_cast<scatter_report::Report*>(h);
     }
     if (words > cap_words_) {
       if (starts_ != nullptr) {
@@ -172,6 +194,9 @@ class CudaScatterWorkspace final : public ScatterWorkspace {
 
   int device_ = -1;
   uint64_t n_ = 0;
+  mutable bool seen_ = false;
+  mutable scatter_report::Report first_;
+  mutable uint64_t first_n_ = 0;
   uint64_t cap_words_ = 0;
   uint32_t* starts_ = nullptr;
   DeviceReport* report_ = nullptr;
@@ -197,9 +222,10 @@ Status LaunchScatterAddBlocks(const void* blocks, int num_blocks, size_t k, floa
   auto* w = static_cast<CudaScatterWorkspace*>(ws);
   PSD_CHECK(ClearStaleError("ScatterAddBlocks"));
   if (k == 0 || num_blocks == 0) return w->Fault();
-  // Segments of 2^shift entries, about kEntriesPerWarp entries of all blocks per segment.
+  // Segments of 2^shift entries, about kEntriesPerBlock entries of each block per segment
+  // (full warps; the segment starts grow linearly with the number of blocks).
   const uint64_t entries = static_cast<uint64_t>(k) * num_blocks;
-  const uint64_t want = std::max<uint64_t>(1, entries / kEntriesPerWarp);
+  const uint64_t want = std::max<uint64_t>(1, k / kEntriesPerBlock);
   int shift = 0;
   while (((static_cast<uint64_t>(n) + (uint64_t{1} << shift) - 1) >> shift) > want) ++shift;
   const uint32_t segments =
@@ -213,7 +239,8 @@ Status LaunchScatterAddBlocks(const void* blocks, int num_blocks, size_t k, floa
       words, num_blocks, k, segments, w->starts_, dense, w->report_);
   PSD_CUDA_CHECK(cudaGetLastError());
   PSD_CUDA_CHECK(cudaMemcpyAsync(const_cast<scatter_report::Report*>(w->host_), w->report_,
-                                 sizeof(DeviceReport), cudaMemcpyDeviceToHost, stream));
+                                 sizeof(scatter_report::Report), cudaMemcpyDeviceToHost,
+                                 stream));
   return w->Fault();
 }
 

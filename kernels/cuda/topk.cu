@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <string>
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
@@ -358,6 +359,7 @@ class TopKWorkspace final : public KernelWorkspace {
   }
 
   Status EarlierFault() const {
+    if (!broken_.empty()) return BackendError(broken_);
     const Outcome o = Read();
     if (o.fault == 0) return Status::Ok();
     return InternalError("FusedResidualTopK: an earlier call on this workspace found inconsistent "
@@ -443,6 +445,9 @@ class TopKWorkspace final : public KernelWorkspace {
   void* block_ = nullptr;
   volatile Outcome* host_ = nullptr;
   Work work_{};
+  // Set when a launch failed part-way through a call: the device state (counters, epoch) is
+  // then mid-call, so the workspace refuses further calls.
+  std::string broken_;
 };
 
 }  // namespace
@@ -460,6 +465,8 @@ Status LaunchFusedResidualTopK(const float* grad, float* residual, float* moment
   auto* w = static_cast<TopKWorkspace*>(ws);
   PSD_CHECK(w->EarlierFault());
   PSD_CHECK(w->Reserve(n, k, stream));
+  // Growth waited for the device (cudaFree): the last call's outcome has landed by now.
+  PSD_CHECK(w->EarlierFault());
   Work work = w->work_;
   work.cap = std::min<uint64_t>(plan::CandidateCapacity(n, k), w->cap_slots_);
   const uint64_t tiles = (n + kTile - 1) / kTile;
@@ -487,9 +494,17 @@ Status LaunchFusedResidualTopK(const float* grad, float* residual, float* moment
     Emit<false><<<emit_grid, kThreads, 0, stream>>>(residual, nullptr, nn, kk, out_idx, out_val,
                                                     work);
   }
-  PSD_CUDA_CHECK(cudaGetLastError());
-  PSD_CUDA_CHECK(cudaMemcpyAsync(const_cast<Outcome*>(w->host_), &work.state->outcome,
-                                 sizeof(Outcome), cudaMemcpyDeviceToHost, stream));
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(const_cast<Outcome*>(w->host_), &work.state->outcome, sizeof(Outcome),
+                          cudaMemcpyDeviceToHost, stream);
+  }
+  const Status launched = CudaStatus(err, "FusedResidualTopK: kernel launches and outcome copy");
+  if (!launched.ok()) {
+    w->broken_ = StrCat(launched.message(), "; the workspace's device state is mid-call, so it "
+                        "refuses further calls (make a new one)");
+    return BackendError(w->broken_);
+  }
   return Status::Ok();
 }
 
