@@ -89,8 +89,8 @@ PSD_HOST_DEVICE inline DigitPick PickDigit(const uint32_t* hist, int bins, uint6
 PSD_HOST_DEVICE inline uint64_t GuessAim(uint64_t k, uint64_t predicted, uint64_t observed) {
   const uint64_t target = GuessTarget(k);
   if (predicted == 0 || observed == 0) return target;
-  const double aim = static_cast<double>(target) * static_cast<double>(predicted) /
-                     static_cast<double>(observed);
+  const double aim =
+      static_cast<double>(target) * static_cast<double>(predicted) / static_cast<double>(observed);
   const double lo = static_cast<double>(k / 2 + 1), hi = 4.0 * static_cast<double>(target);
   return static_cast<uint64_t>(aim < lo ? lo : (aim > hi ? hi : aim));
 }

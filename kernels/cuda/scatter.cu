@@ -42,8 +42,7 @@ struct DeviceReport {
   uint32_t recorded;
   uint32_t pad;
 };
-static_assert(offsetof(DeviceReport, recorded) == sizeof(scatter_report::Report),
-              "report layout");
+static_assert(offsetof(DeviceReport, recorded) == sizeof(scatter_report::Report), "report layout");
 
 __device__ __forceinline__ uint32_t IndexAt(const uint32_t* blocks, uint64_t k, uint64_t b,
                                             uint64_t j) {
@@ -85,9 +84,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    AddSegments(const uint32_t* __restrict__ blocks, int num_blocks, uint64_t k,
-                uint32_t segments, const uint32_t* __restrict__ starts, float* dense,
-                DeviceReport* report) {
+    AddSegments(const uint32_t* __restrict__ blocks, int num_blocks, uint64_t k, uint32_t segments,
+                const uint32_t* __restrict__ starts, float* dense, DeviceReport* report) {
   const unsigned long long word = *reinterpret_cast<volatile unsigned long long*>(&report->word);
   if (word != scatter_report::kClean) {
     // The values of a fault found by this call's check (an earlier call's are kept).
@@ -217,8 +215,8 @@ bool IsScatterWorkspace(const ScatterWorkspace* ws) {
   return dynamic_cast<const CudaScatterWorkspace*>(ws) != nullptr;
 }
 
-Status LaunchScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense,
-                              size_t n, ScatterWorkspace* ws, cudaStream_t stream) {
+Status LaunchScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense, size_t n,
+                              ScatterWorkspace* ws, cudaStream_t stream) {
   auto* w = static_cast<CudaScatterWorkspace*>(ws);
   PSD_CHECK(ClearStaleError("ScatterAddBlocks"));
   if (k == 0 || num_blocks == 0) return w->Fault();
@@ -233,14 +231,13 @@ Status LaunchScatterAddBlocks(const void* blocks, int num_blocks, size_t k, floa
   PSD_CHECK(w->Reserve((static_cast<uint64_t>(segments) + 1) * num_blocks, stream));
   w->n_ = n;
   const auto* words = static_cast<const uint32_t*>(blocks);
-  CheckAndSplit<<<GridFor(entries), kThreads, 0, stream>>>(words, num_blocks, k, n, shift,
-                                                           segments, w->starts_, w->report_);
+  CheckAndSplit<<<GridFor(entries), kThreads, 0, stream>>>(words, num_blocks, k, n, shift, segments,
+                                                           w->starts_, w->report_);
   AddSegments<<<GridFor(static_cast<uint64_t>(segments) * 32), kThreads, 0, stream>>>(
       words, num_blocks, k, segments, w->starts_, dense, w->report_);
   PSD_CUDA_CHECK(cudaGetLastError());
   PSD_CUDA_CHECK(cudaMemcpyAsync(const_cast<scatter_report::Report*>(w->host_), w->report_,
-                                 sizeof(scatter_report::Report), cudaMemcpyDeviceToHost,
-                                 stream));
+                                 sizeof(scatter_report::Report), cudaMemcpyDeviceToHost, stream));
   return w->Fault();
 }
 

@@ -23,13 +23,15 @@ constexpr int kItems = 16;
 constexpr uint32_t kTile = kThreads * kItems;
 constexpr int kRows = kItems * kWarps;  // warp rows per tile, in index order
 
-// Counts one key in a shared histogram. Lanes with equal bins are grouped (__match_any_sync,
-// sm_70+) and one of them adds the group's count: gradient keys crowd into a few bins.
-__device__ __forceinline__ void AddToBin(uint32_t* local, uint32_t bin) {
-  const unsigned active = __activemask();
-  const unsigned peers = __match_any_sync(active, bin);
-  if ((threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) {
-    atomicAdd(&local[bin], static_cast<uint32_t>(__popc(peers)));
+// Counts one key in a shared histogram; the whole warp calls it (convergent), lanes with
+// `count` false add nothing. Lanes with equal bins are grouped (__match_any_sync, sm_70+) and
+// one of them adds the group's count: gradient keys crowd into a few bins.
+__device__ __forceinline__ void AddToBin(uint32_t* local, uint32_t bin, bool count) {
+  constexpr uint32_t kNone = 0xffffffffu;  // never a bin
+  const uint32_t b = count ? bin : kNone;
+  const unsigned peers = __match_any_sync(0xffffffffu, b);
+  if (b != kNone && (threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) {
+    atomicAdd(&local[b], static_cast<uint32_t>(__popc(peers)));
   }
 }
 

@@ -57,8 +57,8 @@ enum Fault : uint32_t { kFaultCounts = 1, kFaultSlot = 2, kFaultEmitted = 3 };
 
 // Copied to pinned host memory after every call.
 struct Outcome {
-  uint32_t fault;            // a Fault, 0 when consistent (sticky)
-  uint32_t mode;             // the path of the last call (Mode)
+  uint32_t fault;                 // a Fault, 0 when consistent (sticky)
+  uint32_t mode;                  // the path of the last call (Mode)
   unsigned long long candidates;  // entries at or above the guess in the last call
   unsigned long long emitted;     // entries written by the last call
   unsigned long long calls;       // finished calls
@@ -68,12 +68,12 @@ struct TopKState {
   uint32_t epoch;  // tags this call's look-back words; >= 1, advanced at the end of each call
   uint32_t guess;  // candidates have key >= guess; the next call's guess once pass 1 is done
   uint32_t mode;
-  uint32_t prefix;  // the bits of T fixed so far, then T
+  uint32_t prefix;           // the bits of T fixed so far, then T
   unsigned long long k_rem;  // how many of the top k lie in the prefix's range
   unsigned long long cand_count;
   unsigned long long predicted;  // the count the guess had in the histogram it came from
-  uint32_t tiles[kPasses];  // tile counters
-  uint32_t done[kPasses];   // finished blocks
+  uint32_t tiles[kPasses];       // tile counters
+  uint32_t done[kPasses];        // finished blocks
   Outcome outcome;
 };
 
@@ -95,9 +95,8 @@ __device__ __forceinline__ uint32_t KeyOf(float x) { return plan::KeyOfBits(__fl
 
 template <bool kMom>
 __global__ void __launch_bounds__(kThreads)
-    FusedPass(const float* __restrict__ grad, float* __restrict__ residual,
-              float* __restrict__ mom, float momentum, unsigned long long n, unsigned long long k,
-              Work w) {
+    FusedPass(const float* __restrict__ grad, float* __restrict__ residual, float* __restrict__ mom,
+              float momentum, unsigned long long n, unsigned long long k, Work w) {
   __shared__ uint32_t s_hist[plan::kBins1];
   __shared__ uint32_t s_cnt[1][kRows];
   __shared__ uint32_t s_before;
@@ -130,6 +129,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kItems; ++j) {
       const unsigned long long i = base + static_cast<unsigned long long>(j) * kThreads;
       bool cand = false;
+      uint32_t bin = 0;
       if (i < n) {
         // The CPU kernel's expressions; --fmad=false keeps them bit-identical.
         float u = g[j];
@@ -141,9 +141,10 @@ __global__ void __launch_bounds__(kThreads)
         residual[i] = v;
         r[j] = v;
         const uint32_t key = KeyOf(v);
-        AddToBin(s_hist, key >> plan::kShift1);
+        bin = key >> plan::kShift1;
         cand = key >= guess;
       }
+      AddToBin(s_hist, bin, i < n);
       ballot[j] = __ballot_sync(0xffffffffu, cand);
       if (lane == 0) s_cnt[0][j * kWarps + warp] = __popc(ballot[j]);
     }
@@ -155,7 +156,8 @@ __global__ void __launch_bounds__(kThreads)
         uint32_t before[1];
         LookBack<1>(w.fused_agg, w.fused_inc, tile, epoch, total, before);
         s_before = before[0];
-        if (tile + 1 == num_tiles) st->cand_count = static_cast<unsigned long long>(before[0]) + total[0];
+        if (tile + 1 == num_tiles)
+          st->cand_count = static_cast<unsigned long long>(before[0]) + total[0];
       }
     }
     __syncthreads();
@@ -166,7 +168,8 @@ __global__ void __launch_bounds__(kThreads)
                                         s_cnt[0][j * kWarps + warp] +
                                         __popc(ballot[j] & lanes_below);
         if (slot < w.cap) {
-          w.cand_idx[slot] = static_cast<uint32_t>(base + static_cast<unsigned long long>(j) * kThreads);
+          w.cand_idx[slot] =
+              static_cast<uint32_t>(base + static_cast<unsigned long long>(j) * kThreads);
           w.cand_val[slot] = r[j];
         }
       }
@@ -219,10 +222,14 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kHigh = kShift + plan::kBits2;
   const uint32_t want = st->prefix >> kHigh;
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * kThreads;
+  // The loop bound is the warp's first index, so every lane runs every iteration (AddToBin is
+  // convergent); lanes past m count nothing.
+  const unsigned lane = threadIdx.x & 31u;
   for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * kThreads + threadIdx.x;
-       i < m; i += stride) {
-    const uint32_t key = KeyOf(src[i]);
-    if ((key >> kHigh) == want) AddToBin(s_hist, (key >> kShift) & (plan::kBins2 - 1));
+       i - lane < m; i += stride) {
+    const bool in = i < m;
+    const uint32_t key = in ? KeyOf(src[i]) : 0;
+    AddToBin(s_hist, (key >> kShift) & (plan::kBins2 - 1), in && (key >> kHigh) == want);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < plan::kBins2; i += kThreads) {
@@ -294,9 +301,9 @@ __global__ void __launch_bounds__(kThreads)
         s_before[0] = before[0];
         s_before[1] = before[1];
         if (tile + 1 == num_tiles) {
-          st->outcome.emitted = plan::OutputSlot(static_cast<unsigned long long>(before[0]) + total[0],
-                                                 static_cast<unsigned long long>(before[1]) + total[1],
-                                                 k_rem);
+          st->outcome.emitted =
+              plan::OutputSlot(static_cast<unsigned long long>(before[0]) + total[0],
+                               static_cast<unsigned long long>(before[1]) + total[1], k_rem);
         }
       }
     }
@@ -306,10 +313,10 @@ __global__ void __launch_bounds__(kThreads)
       const bool a = (above[j] >> lane) & 1u, t = (ties[j] >> lane) & 1u;
       if (!a && !t) continue;
       const int row = j * kWarps + warp;
-      const unsigned long long a_before =
-          static_cast<unsigned long long>(s_before[0]) + s_cnt[0][row] + __popc(above[j] & lanes_below);
-      const unsigned long long t_before =
-          static_cast<unsigned long long>(s_before[1]) + s_cnt[1][row] + __popc(ties[j] & lanes_below);
+      const unsigned long long a_before = static_cast<unsigned long long>(s_before[0]) +
+                                          s_cnt[0][row] + __popc(above[j] & lanes_below);
+      const unsigned long long t_before = static_cast<unsigned long long>(s_before[1]) +
+                                          s_cnt[1][row] + __popc(ties[j] & lanes_below);
       if (t && t_before >= k_rem) continue;  // a tie beyond the top k
       const unsigned long long slot = plan::OutputSlot(a_before, t_before, k_rem);
       if (slot >= k) {
@@ -362,10 +369,12 @@ class TopKWorkspace final : public KernelWorkspace {
     if (!broken_.empty()) return BackendError(broken_);
     const Outcome o = Read();
     if (o.fault == 0) return Status::Ok();
-    return InternalError("FusedResidualTopK: an earlier call on this workspace found inconsistent "
-                         "counts on the device (fault ", o.fault, " after ", o.calls,
-                         " calls), so its selection may not be exact; the workspace refuses "
-                         "further calls. Please report this with n and k.");
+    return InternalError(
+        "FusedResidualTopK: an earlier call on this workspace found inconsistent "
+        "counts on the device (fault ",
+        o.fault, " after ", o.calls,
+        " calls), so its selection may not be exact; the workspace refuses "
+        "further calls. Please report this with n and k.");
   }
 
   // Makes room for (n, k) on the current device (first call, growth, another device).
@@ -379,8 +388,8 @@ class TopKWorkspace final : public KernelWorkspace {
     if (device != device_) {
       PSD_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
       int per_sm = 0;
-      PSD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, FusedPass<true>,
-                                                                   kThreads, 0));
+      PSD_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, FusedPass<true>, kThreads, 0));
       fused_blocks_ = std::max(1, per_sm) * sm_count_;
       PSD_CUDA_CHECK(
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Emit<true>, kThreads, 0));
@@ -479,20 +488,20 @@ Status LaunchFusedResidualTopK(const float* grad, float* residual, float* moment
       1, std::min<uint64_t>((n + kThreads - 1) / kThreads, 4ull * w->sm_count_)));
   const unsigned long long nn = n, kk = k;
   if (momentum_buf != nullptr) {
-    FusedPass<true><<<fused_grid, kThreads, 0, stream>>>(grad, residual, momentum_buf, momentum,
-                                                         nn, kk, work);
+    FusedPass<true>
+        <<<fused_grid, kThreads, 0, stream>>>(grad, residual, momentum_buf, momentum, nn, kk, work);
   } else {
-    FusedPass<false><<<fused_grid, kThreads, 0, stream>>>(grad, residual, nullptr, momentum, nn,
-                                                          kk, work);
+    FusedPass<false>
+        <<<fused_grid, kThreads, 0, stream>>>(grad, residual, nullptr, momentum, nn, kk, work);
   }
   Refine<10><<<refine_grid, kThreads, 0, stream>>>(residual, nn, work, work.hist2, kRefine2);
   Refine<0><<<refine_grid, kThreads, 0, stream>>>(residual, nn, work, work.hist3, kRefine3);
   if (momentum_buf != nullptr) {
-    Emit<true><<<emit_grid, kThreads, 0, stream>>>(residual, momentum_buf, nn, kk, out_idx,
-                                                   out_val, work);
+    Emit<true><<<emit_grid, kThreads, 0, stream>>>(residual, momentum_buf, nn, kk, out_idx, out_val,
+                                                   work);
   } else {
-    Emit<false><<<emit_grid, kThreads, 0, stream>>>(residual, nullptr, nn, kk, out_idx, out_val,
-                                                    work);
+    Emit<false>
+        <<<emit_grid, kThreads, 0, stream>>>(residual, nullptr, nn, kk, out_idx, out_val, work);
   }
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) {
@@ -501,7 +510,8 @@ Status LaunchFusedResidualTopK(const float* grad, float* residual, float* moment
   }
   const Status launched = CudaStatus(err, "FusedResidualTopK: kernel launches and outcome copy");
   if (!launched.ok()) {
-    w->broken_ = StrCat(launched.message(), "; the workspace's device state is mid-call, so it "
+    w->broken_ = StrCat(launched.message(),
+                        "; the workspace's device state is mid-call, so it "
                         "refuses further calls (make a new one)");
     return BackendError(w->broken_);
   }

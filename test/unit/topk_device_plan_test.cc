@@ -207,7 +207,8 @@ std::vector<float> Gradient(Shape shape, int step, size_t n, std::mt19937* rng) 
   std::vector<float> g(n);
   for (size_t i = 0; i < n; ++i) g[i] = normal(*rng);
   switch (shape) {
-    case Shape::kGaussian: break;
+    case Shape::kGaussian:
+      break;
     case Shape::kJump:  // the scale jumps 1000x at step 6 and back at step 12
       if (step >= 6 && step < 12) {
         for (float& x : g) x *= 1000.0f;
@@ -293,14 +294,15 @@ TEST_P(DeviceModelTest, MatchesTheCpuKernelEveryStepAndTakesTheCandidatePathInSt
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, DeviceModelTest,
-    ::testing::Values(Case{Shape::kGaussian, 100000, 100, false},
-                      Case{Shape::kGaussian, 100000, 1000, true},
-                      Case{Shape::kGaussian, 4099, 4099, false},  // k == n
-                      Case{Shape::kGaussian, 5000, 1, true}, Case{Shape::kJump, 50000, 50, false},
-                      Case{Shape::kTies, 20000, 333, false},
-                      Case{Shape::kSparse, 60000, 200, true}, Case{Shape::kNaN, 30000, 30, false}));
+INSTANTIATE_TEST_SUITE_P(Shapes, DeviceModelTest,
+                         ::testing::Values(Case{Shape::kGaussian, 100000, 100, false},
+                                           Case{Shape::kGaussian, 100000, 1000, true},
+                                           Case{Shape::kGaussian, 4099, 4099, false},  // k == n
+                                           Case{Shape::kGaussian, 5000, 1, true},
+                                           Case{Shape::kJump, 50000, 50, false},
+                                           Case{Shape::kTies, 20000, 333, false},
+                                           Case{Shape::kSparse, 60000, 200, true},
+                                           Case{Shape::kNaN, 30000, 30, false}));
 
 // ---- ScatterAddBlocks' fault protocol and the CPU kernel ----
 
@@ -324,12 +326,14 @@ TEST(ScatterReport, MessagesNameBlockPositionAndValues) {
   r.index = 99;
   Status s = ReportStatus(r, 50);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("block 2 idx[5] is 99 but n is 50"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("block 2 idx[5] is 99 but n is 50"), std::string::npos)
+      << s.ToString();
   r.word = Encode(kNotAscending, 1, 7);
   r.index = 3;
   r.previous = 8;
   s = ReportStatus(r, 50);
-  EXPECT_NE(s.message().find("block 1 idx[7] is 3 after idx[6] = 8"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("block 1 idx[7] is 3 after idx[6] = 8"), std::string::npos)
+      << s.ToString();
 }
 
 // Blocks of [k indices | k values] as 32-bit words.
@@ -383,7 +387,8 @@ TEST(ScatterAddBlocks, AFaultLeavesDenseUnchangedNamesTheFirstOneAndSticks) {
   Status s = CpuKernels().ScatterAddBlocks(words.data(), 3, 3, dense.data(), n, ws.get(), nullptr);
   // Block 2's index out of range outranks block 1's repeated index.
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("block 2 idx[2] is 100 but n is 100"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("block 2 idx[2] is 100 but n is 100"), std::string::npos)
+      << s.ToString();
   for (float x : dense) ASSERT_EQ(x, 0.5f);
   EXPECT_EQ(ws->Fault().message(), s.message());
   // Sticky: a clean call on the same workspace still fails and adds nothing.
@@ -394,7 +399,8 @@ TEST(ScatterAddBlocks, AFaultLeavesDenseUnchangedNamesTheFirstOneAndSticks) {
   // Without the out-of-range block: the repeated index of block 1 is named.
   auto ws2 = CpuKernels().NewScatterWorkspace();
   s = CpuKernels().ScatterAddBlocks(words.data(), 2, 3, dense.data(), n, ws2.get(), nullptr);
-  EXPECT_NE(s.message().find("block 1 idx[1] is 2 after idx[0] = 2"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("block 1 idx[1] is 2 after idx[0] = 2"), std::string::npos)
+      << s.ToString();
 }
 
 TEST(ScatterAddBlocks, BadArgumentsAreNamed) {
