@@ -1,5 +1,5 @@
 # Shared-memory collectives (runtime/shm_collectives.*), direct and through MpiBackend.
-add_executable(shm_collectives_test mpi/shm_collectives_test.cc)
+add_executable(shm_collectives_test mpi/shm_collectives_test.cc mpi/shm_backend_test.cc)
 target_link_libraries(shm_collectives_test PRIVATE poseidon_mpi_test_main)
 psd_add_mpi_test(shm_collectives_test NP ${POSEIDON_TEST_NPS} TIMEOUT 240 LABELS shm)
 # At the odd world sizes, bfloat16 only (the dtype whose rounding of the sums shows there; every

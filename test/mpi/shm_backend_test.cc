@@ -1,0 +1,308 @@
+// Multi-rank tests of the shared-memory collectives through MpiBackend (the shared-memory path
+// forced on), their error cases, ShmReduceSum, and the argument agreement carried in the window.
+// Exact values and rank checks as in shm_collectives_test.cc (the same test executable).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/half.h"
+#include "runtime/mpi_backend.h"
+#include "runtime/settings.h"
+#include "runtime/shard.h"
+#include "runtime/shm_collectives.h"
+#include "runtime/shm_reduce.h"
+#include "test/mpi/rank_checks.h"
+#include "test/mpi/shm_test_util.h"
+#include "test/mpi/typed_buffer.h"
+#include "test/mpi_test_main.h"
+
+namespace poseidon {
+namespace {
+
+using testing::AllEqual;
+using testing::Exact;
+using testing::F;
+using testing::kAllTypes;
+using testing::Layouts;
+using testing::OkOnEveryRank;
+using testing::OnEveryRank;
+using testing::SameOnEveryRank;
+using testing::World;
+
+using Buf = testing::TypedBuffer;
+
+// Through the backend with the shared-memory path forced on: what every strategy will call.
+class ShmBackend : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", "1").ok());
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", "8192").ok());
+  }
+  void TearDown() override { Settings::Global().Reset(); }
+  Backend& be() { return World()->host_backend(); }
+  int rank() { return World()->rank(); }
+  int size() { return World()->size(); }
+};
+
+TEST_P(ShmBackend, AllReduceReduceScatterAllGatherExact) {
+  DType dt = GetParam();
+  double tri = size() * (size() + 1) / 2.0;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{3 * 8192 + 1}, size_t{100003}}) {
+    Buf send(dt, n), recv(dt, n);
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(OkOnEveryRank(be().AllReduce(send.data(), recv.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return recv.Get(i); },
+                         [&](size_t i) { return Exact(dt, tri * F(i)); }))
+        << "n=" << n;
+    EXPECT_TRUE(SameOnEveryRank(recv.data(), recv.used(n))) << "n=" << n;
+
+    for (const auto& counts : Layouts(size(), n)) {
+      std::vector<size_t> off = PrefixOffsets(counts);
+      size_t mine = counts[static_cast<size_t>(rank())];
+      size_t my_off = off[static_cast<size_t>(rank())];
+      Buf all(dt, off.back()), part(dt, mine);
+      for (size_t i = 0; i < off.back(); ++i) all.Set(i, (rank() + 1) * F(i));
+      ASSERT_TRUE(OkOnEveryRank(
+          be().ReduceScatter(all.data(), mine ? part.data() : nullptr, counts, dt)));
+      EXPECT_TRUE(AllEqual(mine, [&](size_t i) { return part.Get(i); },
+                           [&](size_t i) { return Exact(dt, tri * F(my_off + i)); }))
+          << "n=" << n;
+    }
+
+    Buf gathered(dt, n * static_cast<size_t>(size()));
+    ASSERT_TRUE(OkOnEveryRank(be().AllGather(send.data(), gathered.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n * static_cast<size_t>(size()), [&](size_t i) { return gathered.Get(i); },
+                         [&](size_t i) { return Exact(dt, (i / n + 1) * F(i % n)); }))
+        << "n=" << n;
+  }
+}
+
+// The chunk setting may change between calls: the window is rebuilt, results stay exact.
+TEST_P(ShmBackend, ChunkChangeRebuildsWindow) {
+  DType dt = GetParam();
+  double tri = size() * (size() + 1) / 2.0;
+  const size_t n = 20001;
+  for (const char* chunk : {"4096", "65536", "4096"}) {
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", chunk).ok());
+    Buf send(dt, n), recv(dt, n);
+    for (size_t i = 0; i < n; ++i) send.Set(i, (rank() + 1) * F(i));
+    ASSERT_TRUE(OkOnEveryRank(be().AllReduce(send.data(), recv.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return recv.Get(i); },
+                         [&](size_t i) { return Exact(dt, tri * F(i)); }))
+        << "chunk=" << chunk;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, ShmBackend, ::testing::ValuesIn(kAllTypes),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return DTypeName(info.param);
+                         });
+
+TEST(ShmErrors, ChunkTooSmallFailsOnEveryRank) {
+  auto s = ShmCollectives::Create(World()->mpi_comm(), 100, 10.0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("POSEIDON_SHM_CHUNK_BYTES is 100"), std::string::npos)
+      << s.status().message();
+}
+
+TEST(ShmErrors, ChunkMismatchFailsOnEveryRank) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto s = ShmCollectives::Create(World()->mpi_comm(), World()->rank() == 0 ? 8192 : 4096, 10.0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kMismatch);
+  EXPECT_NE(s.status().message().find("4096 .. 8192"), std::string::npos) << s.status().message();
+}
+
+// A rank that never joins: the others fail with kTimeout naming it, instead of hanging, and
+// later calls on their window fail fast with kAborted.
+TEST(ShmErrors, MissingPeerTimesOutAndNamesIt) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto created = ShmCollectives::Create(World()->mpi_comm(), 4096, 0.3);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  auto shm = std::move(created).value();
+  std::vector<float> x(4096, 1.0f);
+  if (World()->rank() != 0) {
+    Status st = shm->AllReduce(x.data(), x.data(), x.size(), DType::kFloat32);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.ToString();
+    EXPECT_NE(st.message().find("for node ranks 0"), std::string::npos) << st.message();
+    Status again = shm->AllGather(x.data(), x.data(), 1, DType::kFloat32);
+    EXPECT_EQ(again.code(), StatusCode::kAborted) << again.ToString();
+  }
+  MPI_Barrier(World()->mpi_comm());
+  shm.reset();  // collective: every rank frees the window together
+}
+
+TEST(ShmErrors, BadChunkSettingIsReportedByTheBackend) {
+  ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", "1").ok());
+  ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", "64").ok());
+  std::vector<float> x(16, 1.0f);
+  Status st = World()->host_backend().AllReduce(x.data(), x.data(), x.size(), DType::kFloat32);
+  Settings::Global().Reset();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  // The backend still works afterwards.
+  std::vector<float> y(16, 1.0f);
+  ASSERT_TRUE(World()->host_backend().AllReduce(y.data(), y.data(), y.size(), DType::kFloat32).ok());
+  EXPECT_EQ(y[3], static_cast<float>(World()->size()));
+}
+
+TEST(ShmReduceSum, SumsInRankOrderAndAllowsAliasing) {
+  const size_t n = 2500;  // crosses the 1024-element block boundary
+  std::vector<float> a(n), b(n), c(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = 1e8f;
+    b[i] = -1e8f;
+    c[i] = 0.5f + static_cast<float>(i);
+  }
+  const void* srcs[3] = {a.data(), b.data(), c.data()};
+  ShmReduceSum(DType::kFloat32, srcs, 3, a.data(), n);  // (a + b) + c, written over a
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(a[i], 0.5f + static_cast<float>(i)) << i;
+
+  // Halves: 3 x 0.1 rounded once from float32, not after every addition.
+  uint16_t h = FloatToHalf(0.1f);
+  std::vector<uint16_t> x(n, h), out(n);
+  const void* hs[3] = {x.data(), x.data(), x.data()};
+  ShmReduceSum(DType::kFloat16, hs, 3, out.data(), n);
+  float f = HalfToFloat(h);
+  EXPECT_EQ(out[n - 1], FloatToHalf(f + f + f));
+  std::vector<int64_t> big(n, int64_t{1} << 40), sum(n);
+  const void* is[2] = {big.data(), big.data()};
+  ShmReduceSum(DType::kInt64, is, 2, sum.data(), n);
+  EXPECT_EQ(sum[7], int64_t{1} << 41);
+}
+
+// ---- The agreement carried in the window (ShmCollectives "Agreement"). ----
+// Every case: one rank (the last) disagrees; every rank fails the same way at once, and the
+// window stays usable for the next call (checked with an exact allreduce after each).
+
+class ShmAgreement : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    shm_ = std::move(s).value();
+  }
+  void TearDown() override { shm_.reset(); }
+  int rank() { return World()->rank(); }
+  int size() { return World()->size(); }
+  bool odd() { return rank() == size() - 1; }
+  // An exact allreduce still works after a failed call (the window is not broken).
+  void ExpectUsable(size_t n) {
+    std::vector<float> x(n), y(n);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>((rank() + 1) * F(i));
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(x.data(), y.data(), n, DType::kFloat32)));
+    const double tri = size() * (size() + 1) / 2.0;
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(y[i]); },
+                         [&](size_t i) { return tri * F(i); }));
+    EXPECT_FALSE(shm_->broken());
+  }
+  std::unique_ptr<ShmCollectives> shm_;
+};
+
+TEST_F(ShmAgreement, CountDiffersOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  // One-shot (small), pipelined (several stages at 8 KiB slots), and one rank with nothing.
+  for (size_t n : {size_t{5}, size_t{6000}, size_t{0}}) {
+    const size_t other = n == 0 ? 3 : n + 3;  // the last rank's count
+    const size_t mine = odd() ? other : n;
+    std::vector<float> x(mine + 1, 1.0f), y(mine + 1);
+    Status st = shm_->AllReduce(x.data(), y.data(), mine, DType::kFloat32);
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+    EXPECT_NE(st.message().find(StrCat("element count differs across ranks (rank 0: ", n,
+                                       ", rank ", size() - 1, ": ", other, ")")),
+              std::string::npos)
+        << st.message();
+    ExpectUsable(n + 100);
+  }
+}
+
+TEST_F(ShmAgreement, DifferentCollectivesOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  std::vector<float> x(64, 1.0f), y(64 * static_cast<size_t>(size()));
+  Status st = odd() ? shm_->Broadcast(x.data(), 64, DType::kFloat32, 0)
+                    : shm_->AllReduce(x.data(), y.data(), 64, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find(StrCat("ranks called different collectives (rank 0: AllReduce, rank ",
+                                     size() - 1, ": Broadcast)")),
+            std::string::npos)
+      << st.message();
+  ExpectUsable(100);
+  st = odd() ? shm_->AllGather(x.data(), y.data(), 64, DType::kFloat32)
+             : shm_->Agree({"Barrier", 0, 0, -1, 0, Status::Ok()});
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  ExpectUsable(3);
+}
+
+TEST_F(ShmAgreement, InvalidArgumentOnOneRankNamesIt) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  // A bad root on one rank only.
+  std::vector<float> b(10, 1.0f);
+  Status st = shm_->Broadcast(b.data(), 10, DType::kFloat32, odd() ? size() : 0);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  EXPECT_NE(st.message().find(StrCat("root ", size(), " is outside")), std::string::npos)
+      << st.message();
+  if (!odd()) {
+    EXPECT_NE(st.message().find(StrCat("rank ", size() - 1, " passed an invalid argument")),
+              std::string::npos)
+        << st.message();
+  }
+  ExpectUsable(2000);
+  // A counts vector of the wrong length on one rank (reduce-scatter and allgatherv).
+  std::vector<size_t> counts(static_cast<size_t>(size()) + (odd() ? 1 : 0), 4);
+  std::vector<float> in(4 * counts.size(), 1.0f), out(4 * counts.size());
+  st = shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  st = shm_->AllGatherV(in.data(), out.data(), counts, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  ExpectUsable(7);
+}
+
+TEST_F(ShmAgreement, LayoutOrDTypeDiffersOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  const size_t p = static_cast<size_t>(size());
+  // Same total, different split.
+  std::vector<size_t> counts = ShardCounts(10 * p, size());
+  if (odd()) {
+    counts[0] += 1;
+    counts[p - 1] -= 1;
+  }
+  std::vector<float> in(10 * p, 1.0f), out(10 * p);
+  Status st = shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find("counts vector (shard layout) differs"), std::string::npos)
+      << st.message();
+  ExpectUsable(1);
+  std::vector<double> d(16, 1.0);
+  st = shm_->AllReduce(d.data(), d.data(), 8, odd() ? DType::kInt64 : DType::kFloat64);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find("dtype differs across ranks"), std::string::npos) << st.message();
+  ExpectUsable(50000);
+}
+
+// Through the backend (the default: every call on one node goes through the window): one
+// rank's count differs at a size Open MPI would carry (threshold raised) and at one the window
+// carries; both fail on every rank with the counts named.
+TEST(ShmBackendAgreement, MismatchWithTheDataOnEitherPath) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  Backend& be = World()->host_backend();
+  const bool odd = World()->rank() == World()->size() - 1;
+  for (const char* threshold : {"1", "1000000"}) {
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", threshold).ok());
+    std::vector<float> x(40, 2.0f);
+    Status st = be.AllReduce(x.data(), x.data(), odd ? 33 : 32, DType::kFloat32);
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+    EXPECT_NE(st.message().find("element count differs across ranks (rank 0: 32"),
+              std::string::npos)
+        << st.message();
+    st = be.AllReduce(x.data(), x.data(), 32, DType::kFloat32);
+    EXPECT_TRUE(OkOnEveryRank(st));
+    EXPECT_EQ(x[0], 2.0f * static_cast<float>(World()->size()));
+  }
+  Settings::Global().Reset();
+}
+
+}  // namespace
+}  // namespace poseidon
