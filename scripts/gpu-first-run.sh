@@ -29,7 +29,7 @@
 #   12-14 hybrid-npN       50 / 15   hybrid_device_test -np 1, 2, 4 (without the engine case)
 #   15 engine-streams      60 / 20   engine_unit_test StreamSync.*, the engine on a caller's
 #                                    stream (DeviceHybridGpu.EngineOnStreams*) at -np 1 and 2
-#   16 python-module      120 / 45   compiles bindings/python/module.cc with this machine's
+#   16 python-module      120 / 45   compiles bindings/python/*.cc with this machine's
 #                                    Python and pybind11, links it with .gpu's kit, imports it
 #   17 torch-cuda          90 / 30   poseidon.torch on CUDA tensors at -np 1 and 2: the
 #                                    collectives, then DistributedOptimizer against torch
@@ -346,8 +346,9 @@ s_engine_streams() {
   done
 }
 
-# The Python module: module.cc compiled here against this machine's Python and pybind11, then
-# linked with the kit's objects and libraries (their sonames looked up on LD_LIBRARY_PATH).
+# The Python module: its sources (bindings/python/*.cc) compiled here against this machine's
+# Python and pybind11, then linked with the kit's objects and libraries (their sonames looked
+# up on LD_LIBRARY_PATH).
 PYMOD=$W/pymod
 find_lib() {
   local d
@@ -365,7 +366,7 @@ s_python_module() {
   [[ -f $pyh/Python.h ]] || { verdict SKIP "no Python.h in $pyh"; return; }
   suffix=$(t python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
   mkdir -p "$PYMOD"
-  local cflags=() largs=() a lib
+  local cflags=() largs=() srcs=() a lib src
   while read -r a; do
     [[ -n $a ]] && cflags+=("${a//@REPO@/$ROOT}") && cflags[-1]=${cflags[-1]//@KIT@/$kit}
   done <"$kit/compile.args"
@@ -374,17 +375,21 @@ s_python_module() {
     if [[ $a == @LIB@* ]]; then
       lib=$(find_lib "${a#@LIB@}") || { verdict FAIL "link: ${a#@LIB@} not found"; return; }
       largs+=("$lib")
-    elif [[ $a == @MODULE_O@ ]]; then
-      largs+=("$PYMOD/module.o")
+    elif [[ $a == @PYOBJ@* ]]; then
+      srcs+=("${a#@PYOBJ@}")
+      largs+=("$PYMOD/${a#@PYOBJ@}.o")
     else
       a=${a//@REPO@/$ROOT}
       largs+=("${a//@KIT@/$kit}")
     fi
   done <"$kit/link.args"
-  # shellcheck disable=SC2086  # $inc is a list of -I flags
-  plain "compile module.cc ($($cxx --version | head -1))" \
-    "$cxx" "${cflags[@]}" $inc -c bindings/python/module.cc -o "$PYMOD/module.o" || return
-  [[ $RESULT == FAIL ]] && return
+  ((${#srcs[@]})) || { verdict FAIL "the kit names no bindings/python sources"; return; }
+  for src in "${srcs[@]}"; do
+    # shellcheck disable=SC2086  # $inc is a list of -I flags
+    plain "compile $src.cc ($($cxx --version | head -1))" \
+      "$cxx" "${cflags[@]}" $inc -c "bindings/python/$src.cc" -o "$PYMOD/$src.o" || return
+    [[ $RESULT == FAIL ]] && return
+  done
   plain "link _poseidon$suffix" "$cxx" -shared -fPIC -o "$PYMOD/_poseidon$suffix" "${largs[@]}"
   [[ $RESULT == FAIL ]] && return
   plain "import poseidon" env PYTHONPATH="$ROOT/bindings/python:$PYMOD" python3 -c \

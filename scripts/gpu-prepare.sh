@@ -22,10 +22,11 @@
 #   MANIFEST.txt   what was built, from which commit, and what each binary needs
 #
 # The Python module: built here it would fit only this machine's Python (3.11), so the kit
-# carries everything of it except module.cc, compiled: the C API's objects, the core static
-# libraries, Debian's mpi.h (the one those objects were compiled with) and the compile and link
-# arguments. gpu-first-run.sh compiles module.cc there against that machine's Python and
-# pybind11 (one translation unit, well under a minute) and links it with the kit.
+# carries everything of it except the module's own sources (bindings/python/*.cc), compiled:
+# the C API's objects, the core static libraries, Debian's mpi.h (the one those objects were
+# compiled with) and the compile and link arguments. gpu-first-run.sh compiles those sources
+# there against that machine's Python and pybind11 (three translation units, about a minute)
+# and links them with the kit.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -145,8 +146,9 @@ for i, t in enumerate(tokens[1:], 1):
         skip_next = False
     elif t == "-o":
         skip_next = True
-    elif t.endswith("module.cc.o"):
-        args.append("@MODULE_O@")
+    elif "bindings/python/" in t and t.endswith(".cc.o"):
+        # The module's own sources: compiled there against that machine's Python.
+        args.append("@PYOBJ@" + os.path.basename(t)[:-len(".cc.o")])
     elif t.startswith("-Wl,--version-script="):
         args.append("-Wl,--version-script=" + t.split("=", 1)[1].replace(root, "@REPO@"))
     elif t.startswith(("-L", "-Wl,-rpath", "-O")) or t in ("-flto", "-shared", "-fPIC"):
