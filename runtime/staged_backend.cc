@@ -101,6 +101,20 @@ class DoneRequest : public Request {
 
 }  // namespace
 
+std::shared_ptr<StagedBackend::Op> StagedBackend::NewOp(const char* call, DType dtype,
+                                                        const CallOptions& opts, void* dev_out,
+                                                        size_t out_offset, size_t out_bytes) {
+  auto op = std::make_shared<Op>();
+  op->call = call;
+  op->dtype = dtype;
+  op->host = HostCall(opts);
+  op->out_offset = out_offset;
+  op->out_bytes = out_bytes;
+  op->dev_out = dev_out;
+  op->stream = ToStream(opts);
+  return op;
+}
+
 // Posts its call's host collective (through the backend's queue, in call order), then copies
 // the result back once the host collective completes.
 class StagedBackend::StagedRequest : public Request {
@@ -509,16 +523,9 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllReduce(const void* send, voi
   PSD_CHECK(CheckDevicePointer(call, "send", send, bytes));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, bytes));
   if (count == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = std::make_shared<Op>();
+  auto op = NewOp(call, dtype, opts, recv, 0, bytes);  // in place
   op->kind = Op::Kind::kAllReduce;
-  op->call = call;
-  op->dtype = dtype;
   op->count = count;
-  op->host = HostCall(opts);
-  op->out_offset = 0;  // in place
-  op->out_bytes = bytes;
-  op->dev_out = recv;
-  op->stream = ToStream(opts);
   return Start(std::move(op), send, bytes);
 }
 
@@ -536,16 +543,9 @@ Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send,
   PSD_CHECK(CheckDevicePointer(call, "send", send, total * es));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, mine * es));
   if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = std::make_shared<Op>();
+  auto op = NewOp(call, dtype, opts, recv, total * es, mine * es);
   op->kind = Op::Kind::kReduceScatter;
-  op->call = call;
-  op->dtype = dtype;
   op->counts = counts;
-  op->host = HostCall(opts);
-  op->out_offset = total * es;
-  op->out_bytes = mine * es;
-  op->dev_out = recv;
-  op->stream = ToStream(opts);
   return Start(std::move(op), send, total * es);
 }
 
@@ -562,16 +562,9 @@ Result<std::unique_ptr<Request>> StagedBackend::IAllGatherV(const void* send, vo
   PSD_CHECK(CheckDevicePointer(call, "send", send, mine * es));
   PSD_CHECK(CheckDevicePointer(call, "recv", recv, total * es));
   if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = std::make_shared<Op>();
+  auto op = NewOp(call, dtype, opts, recv, mine * es, total * es);
   op->kind = Op::Kind::kAllGatherV;
-  op->call = call;
-  op->dtype = dtype;
   op->counts = counts;
-  op->host = HostCall(opts);
-  op->out_offset = mine * es;
-  op->out_bytes = total * es;
-  op->dev_out = recv;
-  op->stream = ToStream(opts);
   return Start(std::move(op), send, mine * es);
 }
 

@@ -85,6 +85,10 @@ class StagedBackend : public Backend {
   struct InFlight;
   struct Op;
   class StagedRequest;
+  // A queued call (its kind still to set): the host collective's options, where its output
+  // goes (out_bytes at out_offset of the pinned buffer, to dev_out) and the caller's stream.
+  static std::shared_ptr<Op> NewOp(const char* call, DType dtype, const CallOptions& opts,
+                                   void* dev_out, size_t out_offset, size_t out_bytes);
   StagedBackend(MpiBackend* host, double timeout_s);
 
   // Agreement across ranks on a blocking call's arguments and on this rank's local status

@@ -1,11 +1,10 @@
-// Elementwise CUDA kernels: ScatterAdd, Cast, the optimizer steps, SumInto, Scale and Fill.
+// Elementwise CUDA kernels: ScatterAdd, the optimizer steps, SumInto, Scale and Fill (Cast
+// launches the runtime's widening / rounding kernels).
 //
 // Each kernel is a grid-stride loop that evaluates the CPU twin's expressions in the same
 // order; with --fmad=false (set on the target) nothing is contracted into an FMA, and CUDA's
 // sqrtf and division are correctly rounded by default, so results are bit-identical to
 // CpuKernels(). ScatterAdd is the exception (float atomics, see LaunchScatterAdd).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -44,23 +43,6 @@ __global__ void ScatterAddKernel(const uint32_t* __restrict__ idx, const float* 
                                  size_t m, float* dense, const unsigned long long* first_bad) {
   if (*first_bad != ~0ull) return;
   PSD_GRID_STRIDE(j, m) { atomicAdd(dense + idx[j], val[j]); }
-}
-
-__global__ void FloatToHalfKernel(const float* __restrict__ src, __half* __restrict__ dst,
-                                  size_t n) {
-  PSD_GRID_STRIDE(i, n) { dst[i] = __float2half_rn(src[i]); }
-}
-__global__ void HalfToFloatKernel(const __half* __restrict__ src, float* __restrict__ dst,
-                                  size_t n) {
-  PSD_GRID_STRIDE(i, n) { dst[i] = __half2float(src[i]); }
-}
-__global__ void FloatToBf16Kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst,
-                                  size_t n) {
-  PSD_GRID_STRIDE(i, n) { dst[i] = __float2bfloat16_rn(src[i]); }
-}
-__global__ void Bf16ToFloatKernel(const __nv_bfloat16* __restrict__ src, float* __restrict__ dst,
-                                  size_t n) {
-  PSD_GRID_STRIDE(i, n) { dst[i] = __bfloat162float(src[i]); }
 }
 
 // The sum of the num pieces at element i, piece 0 first (the CPU order), times scale.
@@ -165,26 +147,18 @@ Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* 
                          "; expected every index < n (dense was left unchanged)");
 }
 
+// The runtime's widening and rounding kernels (runtime/cuda_util.h), which the NCCL backend's
+// float32 accumulation uses too.
 Status LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
                   cudaStream_t stream) {
-  const unsigned grid = GridFor(count);
-  if (src_type == DType::kFloat32 && dst_type == DType::kFloat16) {
-    FloatToHalfKernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(src),
-                                                     static_cast<__half*>(dst), count);
-  } else if (src_type == DType::kFloat16 && dst_type == DType::kFloat32) {
-    HalfToFloatKernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(src),
-                                                     static_cast<float*>(dst), count);
-  } else if (src_type == DType::kFloat32 && dst_type == DType::kBFloat16) {
-    FloatToBf16Kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(src),
-                                                     static_cast<__nv_bfloat16*>(dst), count);
-  } else if (src_type == DType::kBFloat16 && dst_type == DType::kFloat32) {
-    Bf16ToFloatKernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src),
-                                                     static_cast<float*>(dst), count);
-  } else {
-    return InternalError("Cast: LaunchCast reached with an unsupported pair ", DTypeName(src_type),
-                         " -> ", DTypeName(dst_type));
+  if (src_type == DType::kFloat32 && IsHalfDType(dst_type)) {
+    return LaunchNarrowFromFloat32(dst_type, static_cast<const float*>(src), dst, count, stream);
   }
-  return CudaStatus(cudaGetLastError(), "Cast kernel launch");
+  if (IsHalfDType(src_type) && dst_type == DType::kFloat32) {
+    return LaunchWidenToFloat32(src_type, src, static_cast<float*>(dst), count, stream);
+  }
+  return InternalError("Cast: LaunchCast reached with an unsupported pair ", DTypeName(src_type),
+                       " -> ", DTypeName(dst_type));
 }
 
 Status LaunchSgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,

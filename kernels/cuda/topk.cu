@@ -472,9 +472,9 @@ Status LaunchFusedResidualTopK(const float* grad, float* residual, float* moment
                                float* out_val, KernelWorkspace* ws, cudaStream_t stream) {
   PSD_CHECK(ClearStaleError("FusedResidualTopK"));
   auto* w = static_cast<TopKWorkspace*>(ws);
-  PSD_CHECK(w->EarlierFault());
   PSD_CHECK(w->Reserve(n, k, stream));
-  // Growth waited for the device (cudaFree): the last call's outcome has landed by now.
+  // After Reserve: a growth waited for the device (cudaFree), so the last call's outcome has
+  // landed in host memory by then and a fault it reports is not lost with the old state.
   PSD_CHECK(w->EarlierFault());
   Work work = w->work_;
   work.cap = std::min<uint64_t>(plan::CandidateCapacity(n, k), w->cap_slots_);

@@ -63,15 +63,7 @@ inline const float kInf = std::numeric_limits<float>::infinity();
 
 // N(0, scale), never zero, from a fixed seed.
 inline std::vector<float> Normal(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    do {
-      x = dist(gen);
-    } while (x == 0.0f);
-  }
-  return v;
+  return testing::RandomFloats(n, seed, scale);
 }
 
 // A cheap value for entry i of a large buffer: nonzero, |x| < 4 in 2^22 levels (so many

@@ -24,18 +24,7 @@ using testing::DeviceBuffer;
 const Kernels& Gpu() { return CudaKernels(); }
 const Kernels& Cpu() { return CpuKernels(); }
 
-// Random floats, never zero: N(0, 1) with a magnitude floor, in a fixed-seed stream.
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    do {
-      x = dist(gen);
-    } while (x == 0.0f);
-  }
-  return v;
-}
+using testing::RandomFloats;
 
 bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 

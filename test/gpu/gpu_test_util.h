@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,19 @@ inline std::string NoGpuReason() {
     std::string psd_no_gpu_ = ::poseidon::testing::NoGpuReason(); \
     if (!psd_no_gpu_.empty()) GTEST_SKIP() << psd_no_gpu_;        \
   } while (0)
+
+// N(0, scale), never zero (so every entry has a sign and a magnitude), from a fixed seed.
+inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    do {
+      x = dist(gen);
+    } while (x == 0.0f);
+  }
+  return v;
+}
 
 // Device memory holding n elements of T; copies to and from host vectors.
 template <typename T>

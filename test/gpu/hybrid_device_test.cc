@@ -21,6 +21,7 @@
 #include "collectives/hybrid.h"
 #include "engine/engine.h"
 #include "engine/stream_sync.h"
+#include "test/collectives/hybrid_test_util.h"
 #include "test/gpu/gpu_test_util.h"
 #include "test/mpi_test_main.h"
 
@@ -28,6 +29,8 @@ namespace poseidon {
 namespace {
 
 using testing::DeviceBuffer;
+using testing::Grad;
+using testing::Layer;
 using testing::NoGpuReason;
 using testing::World;
 
@@ -43,23 +46,10 @@ bool AnyRankWithoutGpu() {
     if (AnyRankWithoutGpu()) GTEST_SKIP() << "a rank has no GPU: " << NoGpuReason(); \
   } while (0)
 
-float Grad(int rank, int64_t step, size_t i) {
-  return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + step * 5) % 17) - 8) / 8.0f;
-}
 float Factor(int rank, int64_t step, size_t row, size_t col) {
   return static_cast<float>(static_cast<int>((row * 5 + col * 3 + rank * 7 + step) % 9) - 4) / 4.0f;
 }
 float Param(size_t i) { return 0.125f * static_cast<float>(i % 13) - 0.75f; }
-
-LayerSpec Layer(const std::string& name, std::vector<size_t> shape, LayerKind kind,
-                StrategyKind force) {
-  LayerSpec l;
-  l.name = name;
-  l.shape = std::move(shape);
-  l.kind = kind;
-  l.force = force;
-  return l;
-}
 
 // Every strategy, with and without an optimizer.
 std::vector<LayerSpec> Layers() {
