@@ -28,8 +28,6 @@ MPI_Datatype ToMpiType(DType dtype) {
 
 namespace mpi_internal {
 
-constexpr size_t kMaxMpiCount = static_cast<size_t>(INT_MAX);
-
 void Widen(DType dtype, const void* src, float* dst, size_t n) {
   const uint16_t* s = static_cast<const uint16_t*>(src);
   if (dtype == DType::kFloat16) {
@@ -46,24 +44,6 @@ void Narrow(DType dtype, const float* src, void* dst, size_t n) {
   } else {
     for (size_t i = 0; i < n; ++i) d[i] = FloatToBFloat16(src[i]);
   }
-}
-
-Status CheckBuffer(const char* call, const char* which, const void* p, size_t count) {
-  PSD_REQUIRE_ARG(p != nullptr || count == 0, call, ": ", which, " buffer is null with count ",
-                  count, "; expected a valid pointer when count > 0");
-  return Status::Ok();
-}
-
-Status CheckFitsInt(const char* call, size_t count) {
-  PSD_REQUIRE_ARG(count <= kMaxMpiCount, call, ": count ", count,
-                  " exceeds the MPI limit of 2^31-1 elements per call");
-  return Status::Ok();
-}
-
-Status CheckCounts(const char* call, const std::vector<size_t>& counts, int world) {
-  PSD_CHECK(CheckCountsPerRank(call, counts, world));
-  PSD_CHECK(CheckFitsInt(call, SumCounts(counts)));
-  return Status::Ok();
 }
 
 char g_empty[16];
@@ -91,9 +71,6 @@ std::vector<int> Displacements(const std::vector<size_t>& counts) {
 
 }  // namespace mpi_internal
 
-using mpi_internal::CheckBuffer;
-using mpi_internal::CheckCounts;
-using mpi_internal::CheckFitsInt;
 using mpi_internal::Displacements;
 using mpi_internal::g_empty;
 using mpi_internal::Narrow;
@@ -176,14 +153,6 @@ Status MpiBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt)
   return done ? *done : Status::Ok();
 }
 
-Status MpiBackend::FailTogether(const char* call, const Status& local,
-                                const Interrupt* interrupt) {
-  // The shared-memory window always checks; plain MPI agrees under POSEIDON_CHECK_ARGS.
-  Status ignored = Agree({call, -1, 0, -1, 0, local}, interrupt);
-  (void)ignored;  // this rank reports its own error, not the agreement's
-  return local;
-}
-
 Status MpiBackend::ShmResult(const ShmCollectives& shm, Status status) {
   if (status.ok() || !shm.broken()) return status;
   // The window's peers are in an unknown state (one may still be inside this collective):
@@ -193,10 +162,18 @@ Status MpiBackend::ShmResult(const ShmCollectives& shm, Status status) {
   return failed;
 }
 
-Status MpiBackend::CheckMemory(const char* call, const CallOptions& opts) const {
-  if (opts.memory == MemoryKind::kHost) return Status::Ok();
-  return UnavailableError(call, ": the MPI backend was given ", MemoryKindName(opts.memory),
-                          " memory; this build stages only host memory");
+Status MpiBackend::CheckBuffer(const char* call, const char* which, const void* p,
+                               size_t count, size_t bytes) const {
+  (void)bytes;
+  PSD_REQUIRE_ARG(p != nullptr || count == 0, call, ": ", which, " buffer is null with count ",
+                  count, "; expected a valid pointer when count > 0");
+  return Status::Ok();
+}
+
+Status MpiBackend::CheckElements(const char* call, size_t elements) const {
+  PSD_REQUIRE_ARG(elements <= static_cast<size_t>(INT_MAX), call, ": count ", elements,
+                  " exceeds the MPI limit of 2^31-1 elements per call");
+  return Status::Ok();
 }
 
 Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype,
@@ -304,18 +281,10 @@ Status MpiBackend::AllReduceRecursiveDoubling(void* buf, size_t count, MPI_Datat
   return Status::Ok();
 }
 
-Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                             const CallOptions& opts) {
-  const char* call = "AllReduce";
+Status MpiBackend::DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
+                               const CallOptions& opts, const CollectiveArgs& args) {
   const MpiWait how = WaitFor("MpiBackend::AllReduce", opts);
   PSD_CHECK(sticky_->Check(how.call));
-  Status local = CheckDType(call, dtype);
-  if (local.ok()) local = CheckMemory(call, opts);
-  if (local.ok()) local = CheckBuffer(call, "send", send, count);
-  if (local.ok()) local = CheckBuffer(call, "recv", recv, count);
-  if (local.ok()) local = CheckFitsInt(call, count);
-  const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
-                            local};
   const size_t bytes = count * DTypeSize(dtype);
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.AllReduce(send, recv, count, dtype, opts.interrupt, &args);
@@ -355,20 +324,12 @@ Status MpiBackend::ReduceScatterUnchecked(const void* send, void* recv,
   });
 }
 
-Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
-                                 DType dtype, const CallOptions& opts) {
-  const char* call = "ReduceScatter";
+Status MpiBackend::DoReduceScatter(const void* send, void* recv,
+                                   const std::vector<size_t>& counts, DType dtype,
+                                   const CallOptions& opts, const CollectiveArgs& args) {
   const MpiWait how = WaitFor("MpiBackend::ReduceScatter", opts);
   PSD_CHECK(sticky_->Check(how.call));
-  Status local = CheckDType(call, dtype);
-  if (local.ok()) local = CheckMemory(call, opts);
-  if (local.ok()) local = CheckCounts(call, counts, size_);
-  size_t total = SumCounts(counts);
-  if (local.ok()) local = CheckBuffer(call, "send", send, total);
-  if (local.ok()) local = CheckBuffer(call, "recv", recv, counts[static_cast<size_t>(rank_)]);
-  const CollectiveArgs args{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
-                            HashCounts(counts), local};
-  const size_t bytes = total * DTypeSize(dtype);
+  const size_t bytes = SumCounts(counts) * DTypeSize(dtype);
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.ReduceScatter(send, recv, counts, dtype, opts.interrupt, &args);
       })) {
@@ -377,18 +338,10 @@ Status MpiBackend::ReduceScatter(const void* send, void* recv, const std::vector
   return ReduceScatterUnchecked(send, recv, counts, dtype, how);
 }
 
-Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType dtype,
-                             const CallOptions& opts) {
-  const char* call = "AllGather";
+Status MpiBackend::DoAllGather(const void* send, void* recv, size_t count, DType dtype,
+                               const CallOptions& opts, const CollectiveArgs& args) {
   const MpiWait how = WaitFor("MpiBackend::AllGather", opts);
   PSD_CHECK(sticky_->Check(how.call));
-  Status local = CheckDType(call, dtype);
-  if (local.ok()) local = CheckMemory(call, opts);
-  if (local.ok()) local = CheckBuffer(call, "send", send, count);
-  if (local.ok()) local = CheckBuffer(call, "recv", recv, count);
-  if (local.ok()) local = CheckFitsInt(call, count * static_cast<size_t>(size_));
-  const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
-                            local};
   const size_t bytes = count * static_cast<size_t>(size_) * DTypeSize(dtype);
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.AllGather(send, recv, count, dtype, opts.interrupt, &args);
@@ -404,19 +357,11 @@ Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType d
   });
 }
 
-Status MpiBackend::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
-                              DType dtype, const CallOptions& opts) {
-  const char* call = "AllGatherV";
+Status MpiBackend::DoAllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
+                                DType dtype, const CallOptions& opts, const CollectiveArgs& args) {
   const MpiWait how = WaitFor("MpiBackend::AllGatherV", opts);
   PSD_CHECK(sticky_->Check(how.call));
-  Status local = CheckDType(call, dtype);
-  if (local.ok()) local = CheckMemory(call, opts);
-  if (local.ok()) local = CheckCounts(call, counts, size_);
-  size_t total = SumCounts(counts);
-  if (local.ok()) local = CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]);
-  if (local.ok()) local = CheckBuffer(call, "recv", recv, total);
-  const CollectiveArgs args{call, static_cast<int64_t>(total), static_cast<int64_t>(dtype), -1,
-                            HashCounts(counts), local};
+  const size_t total = SumCounts(counts);
   const size_t bytes = total * DTypeSize(dtype);
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.AllGatherV(send, recv, counts, dtype, opts.interrupt, &args);
@@ -438,20 +383,10 @@ Status MpiBackend::AllGatherV(const void* send, void* recv, const std::vector<si
   });
 }
 
-Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
-                             const CallOptions& opts) {
-  const char* call = "Broadcast";
+Status MpiBackend::DoBroadcast(void* buf, size_t count, DType dtype, int root,
+                               const CallOptions& opts, const CollectiveArgs& args) {
   const MpiWait how = WaitFor("MpiBackend::Broadcast", opts);
   PSD_CHECK(sticky_->Check(how.call));
-  Status local = CheckDType(call, dtype);
-  if (local.ok()) local = CheckMemory(call, opts);
-  if (local.ok()) local = CheckBuffer(call, "buf", buf, count);
-  if (local.ok()) local = CheckFitsInt(call, count);
-  if (local.ok() && (root < 0 || root >= size_)) {
-    local = InvalidArgument(call, ": root ", root, " is outside 0..", size_ - 1);
-  }
-  const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0,
-                            local};
   const size_t bytes = count * DTypeSize(dtype);
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.Broadcast(buf, count, dtype, root, opts.interrupt, &args);
@@ -474,11 +409,11 @@ Status MpiBackend::AllReducePieces(const std::vector<SumPiece>& pieces, DType dt
   PSD_CHECK(sticky_->Check(how.call));
   size_t count = 0;
   for (const SumPiece& p : pieces) count += p.count;
-  Status local = CheckDType(call, dtype);
-  if (local.ok()) local = CheckMemory(call, opts);
+  Status local = CheckCall(call, dtype, opts);
   for (size_t i = 0; i < pieces.size() && local.ok(); ++i) {
-    local = CheckBuffer(call, "piece input", pieces[i].in, pieces[i].count);
-    if (local.ok()) local = CheckBuffer(call, "piece output", pieces[i].out, pieces[i].count);
+    const size_t n = pieces[i].count, bytes = n * DTypeSize(dtype);
+    local = CheckBuffer(call, "piece input", pieces[i].in, n, bytes);
+    if (local.ok()) local = CheckBuffer(call, "piece output", pieces[i].out, n, bytes);
   }
   PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
   // Whether the window carries the call depends only on agreed values (the settings, the node,

@@ -2,8 +2,9 @@
 //
 // Sums run in MPI for float32/64 and the integer types. float16 / bfloat16 are widened to a
 // float32 scratch buffer, reduced in float32 and rounded once, so a P-rank sum of halves loses
-// no more than one rounding. Device memory is staged through pinned host buffers when CUDA is
-// built (the GPU path); otherwise device buffers are refused with kUnavailable.
+// no more than one rounding. Host memory only: device buffers are refused
+// (kInvalidArgument); the staged backend (staged_backend.h) carries them through this one. The
+// argument checks and the failing together are CheckedBackend's (checked_backend.h).
 //
 // Deadlines: with CallOptions::interrupt set, every wait inside a call (the argument agreement,
 // the collective, the shared-memory steps) polls the interrupt: the call posts the non-blocking
@@ -21,15 +22,14 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/backend.h"
+#include "runtime/checked_backend.h"
 #include "runtime/mpi_wait.h"
 
 namespace poseidon {
 
 class ShmCollectives;
-struct CollectiveArgs;
 
-class MpiBackend : public Backend {
+class MpiBackend : public CheckedBackend {
  public:
   // Uses comm as given (the Communicator passes its private duplicate). Does not free it.
   explicit MpiBackend(MPI_Comm comm);
@@ -40,31 +40,12 @@ class MpiBackend : public Backend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                   const CallOptions& opts = {}) override;
-  Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
-                       DType dtype, const CallOptions& opts = {}) override;
-  Status AllGather(const void* send, void* recv, size_t count, DType dtype,
-                   const CallOptions& opts = {}) override;
-  Status AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
-                    const CallOptions& opts = {}) override;
-  Status Broadcast(void* buf, size_t count, DType dtype, int root,
-                   const CallOptions& opts = {}) override;
   Status Barrier() override;
   // Through the shared-memory window when the ranks share one node and the whole sum is at
   // least POSEIDON_SHM_THRESHOLD_BYTES; kUnimplemented otherwise (every rank alike).
   Status AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
                          const CallOptions& opts, const SumCommit& commit,
                          bool* committed) override;
-
-  Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
-                                              DType dtype, const CallOptions& opts = {}) override;
-  Result<std::unique_ptr<Request>> IReduceScatter(const void* send, void* recv,
-                                                  const std::vector<size_t>& counts, DType dtype,
-                                                  const CallOptions& opts = {}) override;
-  Result<std::unique_ptr<Request>> IAllGatherV(const void* send, void* recv,
-                                               const std::vector<size_t>& counts, DType dtype,
-                                               const CallOptions& opts = {}) override;
 
   MPI_Comm comm() const { return comm_; }
   // True once a call gave up while its collective still ran: every later call fails at once.
@@ -75,15 +56,41 @@ class MpiBackend : public Backend {
   // args.local set, so the peers fail too): through the shared-memory window when there is
   // one (always), else AgreeOnArgs when POSEIDON_CHECK_ARGS is on, else args.local. Under an
   // interrupt, a call abandoned here makes this backend unusable like any abandoned call.
-  Status Agree(const CollectiveArgs& args, const Interrupt* interrupt);
-  Status FailTogether(const char* call, const Status& local, const Interrupt* interrupt) override;
+  Status Agree(const CollectiveArgs& args, const Interrupt* interrupt) override;
+
+ protected:
+  Status CheckBuffer(const char* call, const char* which, const void* p, size_t count,
+                     size_t bytes) const override;
+  // MPI counts are int: at most 2^31 - 1 elements per call.
+  Status CheckElements(const char* call, size_t elements) const override;
+  // Each first refuses at once when an earlier call gave up (the communicator is then dead:
+  // even the agreement cannot run), then agrees through Checked.
+  Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
+                     const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
+                         DType dtype, const CallOptions& opts,
+                         const CollectiveArgs& args) override;
+  Status DoAllGather(const void* send, void* recv, size_t count, DType dtype,
+                     const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoAllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
+                      DType dtype, const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoBroadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& opts,
+                     const CollectiveArgs& args) override;
+  Result<std::unique_ptr<Request>> DoIAllReduce(const void* send, void* recv, size_t count,
+                                                DType dtype, const CallOptions& opts) override;
+  Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
+                                                    const std::vector<size_t>& counts,
+                                                    DType dtype,
+                                                    const CallOptions& opts) override;
+  Result<std::unique_ptr<Request>> DoIAllGatherV(const void* send, void* recv,
+                                                 const std::vector<size_t>& counts, DType dtype,
+                                                 const CallOptions& opts) override;
 
  private:
   // How the call named `call` ("MpiBackend::AllReduce") waits, given its options.
   MpiWait WaitFor(const char* call, const CallOptions& opts) const {
     return MpiWait{opts.interrupt, call, sticky_.get()};
   }
-  Status CheckMemory(const char* call, const CallOptions& opts) const;
   Status ReduceScatterUnchecked(const void* send, void* recv, const std::vector<size_t>& counts,
                                 DType dtype, const MpiWait& how);
   Status AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype,

@@ -1,5 +1,5 @@
 // Internals shared by mpi_backend.cc (the blocking collectives) and mpi_requests.cc (the
-// non-blocking ones): argument checks, half-precision widening, the scratch a call keeps alive
+// non-blocking ones): half-precision widening, the scratch a call keeps alive
 // and the count / displacement arrays MPI takes. Only those two files include this.
 #ifndef POSEIDON_RUNTIME_MPI_INTERNAL_H_
 #define POSEIDON_RUNTIME_MPI_INTERNAL_H_
@@ -17,10 +17,6 @@ namespace poseidon::mpi_internal {
 // float16 / bfloat16 to and from float32 (MPI sums halves in float32).
 void Widen(DType dtype, const void* src, float* dst, size_t n);
 void Narrow(DType dtype, const float* src, void* dst, size_t n);
-// The local argument checks, each naming the call and the value.
-Status CheckBuffer(const char* call, const char* which, const void* p, size_t count);
-Status CheckFitsInt(const char* call, size_t count);
-Status CheckCounts(const char* call, const std::vector<size_t>& counts, int world);
 
 // Scratch a call's MPI collective reads or writes besides the caller's buffers. Held through a
 // shared_ptr so that an abandoned call can hand it to AbandonMpi: MPI may still use it.

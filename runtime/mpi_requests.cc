@@ -12,9 +12,6 @@ namespace poseidon {
 
 namespace {
 
-using mpi_internal::CheckBuffer;
-using mpi_internal::CheckCounts;
-using mpi_internal::CheckFitsInt;
 using mpi_internal::Displacements;
 using mpi_internal::g_empty;
 using mpi_internal::Narrow;
@@ -81,16 +78,11 @@ class MpiRequest : public Request {
 
 }  // namespace
 
-Result<std::unique_ptr<Request>> MpiBackend::IAllReduce(const void* send, void* recv,
-                                                        size_t count, DType dtype,
-                                                        const CallOptions& opts) {
-  const char* call = "IAllReduce";
+Result<std::unique_ptr<Request>> MpiBackend::DoIAllReduce(const void* send, void* recv,
+                                                          size_t count, DType dtype,
+                                                          const CallOptions& opts) {
+  (void)opts;
   PSD_CHECK(sticky_->Check("MpiBackend::IAllReduce"));
-  PSD_CHECK(CheckDType(call, dtype));
-  PSD_CHECK(CheckMemory(call, opts));
-  PSD_CHECK(CheckBuffer(call, "send", send, count));
-  PSD_CHECK(CheckBuffer(call, "recv", recv, count));
-  PSD_CHECK(CheckFitsInt(call, count));
   auto req = std::make_unique<MpiRequest>("MpiBackend::IAllReduce", sticky_);
   int rc;
   if (IsHalfDType(dtype)) {
@@ -113,19 +105,14 @@ Result<std::unique_ptr<Request>> MpiBackend::IAllReduce(const void* send, void* 
   return std::unique_ptr<Request>(std::move(req));
 }
 
-Result<std::unique_ptr<Request>> MpiBackend::IReduceScatter(const void* send, void* recv,
-                                                            const std::vector<size_t>& counts,
-                                                            DType dtype,
-                                                            const CallOptions& opts) {
-  const char* call = "IReduceScatter";
+Result<std::unique_ptr<Request>> MpiBackend::DoIReduceScatter(const void* send, void* recv,
+                                                              const std::vector<size_t>& counts,
+                                                              DType dtype,
+                                                              const CallOptions& opts) {
+  (void)opts;
   PSD_CHECK(sticky_->Check("MpiBackend::IReduceScatter"));
-  PSD_CHECK(CheckDType(call, dtype));
-  PSD_CHECK(CheckMemory(call, opts));
-  PSD_CHECK(CheckCounts(call, counts, size_));
-  size_t total = SumCounts(counts);
-  size_t mine = counts[static_cast<size_t>(rank_)];
-  PSD_CHECK(CheckBuffer(call, "send", send, total));
-  PSD_CHECK(CheckBuffer(call, "recv", recv, mine));
+  const size_t total = SumCounts(counts);
+  const size_t mine = counts[static_cast<size_t>(rank_)];
   auto req = std::make_unique<MpiRequest>("MpiBackend::IReduceScatter", sticky_);
   std::vector<int>& c = req->scratch().counts;
   c = ToInts(counts);
@@ -148,17 +135,11 @@ Result<std::unique_ptr<Request>> MpiBackend::IReduceScatter(const void* send, vo
   return std::unique_ptr<Request>(std::move(req));
 }
 
-Result<std::unique_ptr<Request>> MpiBackend::IAllGatherV(const void* send, void* recv,
-                                                         const std::vector<size_t>& counts,
-                                                         DType dtype, const CallOptions& opts) {
-  const char* call = "IAllGatherV";
+Result<std::unique_ptr<Request>> MpiBackend::DoIAllGatherV(const void* send, void* recv,
+                                                           const std::vector<size_t>& counts,
+                                                           DType dtype, const CallOptions& opts) {
+  (void)opts;
   PSD_CHECK(sticky_->Check("MpiBackend::IAllGatherV"));
-  PSD_CHECK(CheckDType(call, dtype));
-  PSD_CHECK(CheckMemory(call, opts));
-  PSD_CHECK(CheckCounts(call, counts, size_));
-  size_t total = SumCounts(counts);
-  PSD_CHECK(CheckBuffer(call, "send", send, counts[static_cast<size_t>(rank_)]));
-  PSD_CHECK(CheckBuffer(call, "recv", recv, total));
   auto req = std::make_unique<MpiRequest>("MpiBackend::IAllGatherV", sticky_);
   Scratch& scratch = req->scratch();
   scratch.counts = ToInts(counts);

@@ -35,14 +35,6 @@ using device::Backoff;
 
 cudaStream_t ToStream(const CallOptions& opts) { return static_cast<cudaStream_t>(opts.stream); }
 
-Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
-  PSD_CHECK(CheckDType(call, dtype));
-  PSD_REQUIRE_ARG(opts.memory == MemoryKind::kDevice, call, ": the NCCL backend was given ",
-                  MemoryKindName(opts.memory),
-                  " memory; expected device memory (use the host backend for host memory)");
-  return Status::Ok();
-}
-
 const unsigned char* At(const void* p, size_t bytes) {
   return static_cast<const unsigned char*>(p) + bytes;
 }
@@ -106,21 +98,19 @@ Result<float*> NcclBackend::Scratch(size_t elems, cudaStream_t stream) {
 
 Status NcclBackend::ScratchUsed(cudaStream_t stream) { return scratch_done_.Record(stream); }
 
-Status NcclBackend::Agree(const char* call, int64_t count, DType dtype, int64_t root,
-                          uint64_t layout_hash, Status local) {
-  // A sticky error on one rank must fail the call everywhere, not leave peers in NCCL.
-  if (local.ok()) local = CheckUsable(call);
-  if (!settings::CheckArgs()) return local;
-  return AgreeOnArgs(
-      mpi_comm_, {call, count, static_cast<int64_t>(dtype), root, layout_hash, std::move(local)});
+Status NcclBackend::CheckBuffer(const char* call, const char* which, const void* p, size_t count,
+                                size_t bytes) const {
+  (void)count;
+  return CheckDevicePointer(call, which, p, bytes);
 }
 
-Status NcclBackend::FailTogether(const char* call, const Status& local,
-                                 const Interrupt* interrupt) {
-  (void)interrupt;  // the argument agreement runs over MPI (AgreeOnArgs)
-  Status ignored = Agree(call, -1, DType::kFloat32, -1, 0, local);
-  (void)ignored;  // this rank reports its own error, not the agreement's
-  return local;
+// A sticky error on one rank must fail the call everywhere, not leave peers in NCCL.
+Status NcclBackend::Usable(const char* call) { return CheckUsable(call); }
+
+Status NcclBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt) {
+  (void)interrupt;  // a handful of words over MPI, before any NCCL work is queued
+  if (!settings::CheckArgs()) return args.local;
+  return AgreeOnArgs(mpi_comm_, args);
 }
 
 Status NcclBackend::LaunchAllReduce(const char* call, const void* send, void* recv, size_t count,
@@ -225,88 +215,46 @@ Status NcclBackend::LaunchAllGatherV(const char* call, const void* send, void* r
   return Track(call, stream);
 }
 
-Status NcclBackend::AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                              const CallOptions& opts) {
-  const char* call = "AllReduce";
-  Status local = CheckCommon(call, dtype, opts);
-  size_t bytes = count * DTypeSize(dtype);
-  if (local.ok()) local = CheckDevicePointer(call, "send", send, bytes);
-  if (local.ok()) local = CheckDevicePointer(call, "recv", recv, bytes);
-  PSD_CHECK(opts.agreed ? (local.ok() ? CheckUsable(call) : local)
-                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
-  return LaunchAllReduce(call, send, recv, count, dtype, ToStream(opts));
+Status NcclBackend::DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
+                                const CallOptions& opts, const CollectiveArgs& args) {
+  PSD_CHECK(Agreed(args, opts));
+  return LaunchAllReduce(args.call, send, recv, count, dtype, ToStream(opts));
 }
 
-Status NcclBackend::ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
-                                  DType dtype, const CallOptions& opts) {
-  const char* call = "ReduceScatter";
-  Status local = CheckCommon(call, dtype, opts);
-  if (local.ok()) local = CheckCountsPerRank(call, counts, size_);
-  size_t es = DTypeSize(dtype);
-  size_t total = local.ok() ? SumCounts(counts) : 0;
-  if (local.ok()) local = CheckDevicePointer(call, "send", send, total * es);
-  if (local.ok()) {
-    local = CheckDevicePointer(call, "recv", recv, counts[static_cast<size_t>(rank_)] * es);
-  }
-  PSD_CHECK(opts.agreed ? (local.ok() ? CheckUsable(call) : local)
-                        : Agree(call, static_cast<int64_t>(total), dtype, -1,
-                                local.ok() ? HashCounts(counts) : 0, std::move(local)));
-  return LaunchReduceScatter(call, send, recv, counts, dtype, ToStream(opts));
+Status NcclBackend::DoReduceScatter(const void* send, void* recv,
+                                    const std::vector<size_t>& counts, DType dtype,
+                                    const CallOptions& opts, const CollectiveArgs& args) {
+  PSD_CHECK(Agreed(args, opts));
+  return LaunchReduceScatter(args.call, send, recv, counts, dtype, ToStream(opts));
 }
 
-Status NcclBackend::AllGather(const void* send, void* recv, size_t count, DType dtype,
-                              const CallOptions& opts) {
-  const char* call = "AllGather";
-  Status local = CheckCommon(call, dtype, opts);
-  size_t bytes = count * DTypeSize(dtype);
-  if (local.ok()) local = CheckDevicePointer(call, "send", send, bytes);
-  if (local.ok()) {
-    local = CheckDevicePointer(call, "recv", recv, bytes * static_cast<size_t>(size_));
-  }
-  PSD_CHECK(opts.agreed ? (local.ok() ? CheckUsable(call) : local)
-                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local)));
+Status NcclBackend::DoAllGather(const void* send, void* recv, size_t count, DType dtype,
+                                const CallOptions& opts, const CollectiveArgs& args) {
+  PSD_CHECK(Agreed(args, opts));
   if (count == 0) return Status::Ok();
   cudaStream_t stream = ToStream(opts);
   PSD_CHECK(Enqueue("ncclAllGather", [&] {
     return ncclAllGather(send, recv, count, ToNcclType(dtype), comm_, stream);
   }));
-  return Track(call, stream);
+  return Track(args.call, stream);
 }
 
-Status NcclBackend::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
-                               DType dtype, const CallOptions& opts) {
-  const char* call = "AllGatherV";
-  Status local = CheckCommon(call, dtype, opts);
-  if (local.ok()) local = CheckCountsPerRank(call, counts, size_);
-  size_t es = DTypeSize(dtype);
-  size_t total = local.ok() ? SumCounts(counts) : 0;
-  if (local.ok()) {
-    local = CheckDevicePointer(call, "send", send, counts[static_cast<size_t>(rank_)] * es);
-  }
-  if (local.ok()) local = CheckDevicePointer(call, "recv", recv, total * es);
-  PSD_CHECK(opts.agreed ? (local.ok() ? CheckUsable(call) : local)
-                        : Agree(call, static_cast<int64_t>(total), dtype, -1,
-                                local.ok() ? HashCounts(counts) : 0, std::move(local)));
-  return LaunchAllGatherV(call, send, recv, counts, dtype, ToStream(opts));
+Status NcclBackend::DoAllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
+                                 DType dtype, const CallOptions& opts,
+                                 const CollectiveArgs& args) {
+  PSD_CHECK(Agreed(args, opts));
+  return LaunchAllGatherV(args.call, send, recv, counts, dtype, ToStream(opts));
 }
 
-Status NcclBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
-                              const CallOptions& opts) {
-  const char* call = "Broadcast";
-  Status local = CheckCommon(call, dtype, opts);
-  if (local.ok() && (root < 0 || root >= size_)) {
-    local = InvalidArgument(call, ": root ", root, " is outside 0..", size_ - 1);
-  }
-  if (local.ok()) local = CheckDevicePointer(call, "buf", buf, count * DTypeSize(dtype));
-  PSD_CHECK(opts.agreed
-                ? (local.ok() ? CheckUsable(call) : local)
-                : Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local)));
+Status NcclBackend::DoBroadcast(void* buf, size_t count, DType dtype, int root,
+                                const CallOptions& opts, const CollectiveArgs& args) {
+  PSD_CHECK(Agreed(args, opts));
   if (count == 0) return Status::Ok();
   cudaStream_t stream = ToStream(opts);
   PSD_CHECK(Enqueue("ncclBroadcast", [&] {
     return ncclBroadcast(buf, buf, count, ToNcclType(dtype), root, comm_, stream);
   }));
-  return Track(call, stream);
+  return Track(args.call, stream);
 }
 
 Status NcclBackend::Barrier() {
@@ -328,44 +276,27 @@ Result<std::unique_ptr<Request>> NcclBackend::MakeRequest(const char* call, cuda
   return std::unique_ptr<Request>(new NcclRequest(this, std::move(ev)));
 }
 
-Result<std::unique_ptr<Request>> NcclBackend::IAllReduce(const void* send, void* recv, size_t count,
-                                                         DType dtype, const CallOptions& opts) {
-  const char* call = "IAllReduce";
-  PSD_CHECK(CheckCommon(call, dtype, opts));
-  size_t bytes = count * DTypeSize(dtype);
-  PSD_CHECK(CheckDevicePointer(call, "send", send, bytes));
-  PSD_CHECK(CheckDevicePointer(call, "recv", recv, bytes));
-  PSD_CHECK(CheckUsable(call));
-  PSD_CHECK(LaunchAllReduce(call, send, recv, count, dtype, ToStream(opts)));
-  return MakeRequest(call, ToStream(opts));
+Result<std::unique_ptr<Request>> NcclBackend::DoIAllReduce(const void* send, void* recv,
+                                                           size_t count, DType dtype,
+                                                           const CallOptions& opts) {
+  PSD_CHECK(LaunchAllReduce("IAllReduce", send, recv, count, dtype, ToStream(opts)));
+  return MakeRequest("IAllReduce", ToStream(opts));
 }
 
-Result<std::unique_ptr<Request>> NcclBackend::IReduceScatter(const void* send, void* recv,
-                                                             const std::vector<size_t>& counts,
-                                                             DType dtype, const CallOptions& opts) {
-  const char* call = "IReduceScatter";
-  PSD_CHECK(CheckCommon(call, dtype, opts));
-  PSD_CHECK(CheckCountsPerRank(call, counts, size_));
-  size_t es = DTypeSize(dtype);
-  PSD_CHECK(CheckDevicePointer(call, "send", send, SumCounts(counts) * es));
-  PSD_CHECK(CheckDevicePointer(call, "recv", recv, counts[static_cast<size_t>(rank_)] * es));
-  PSD_CHECK(CheckUsable(call));
-  PSD_CHECK(LaunchReduceScatter(call, send, recv, counts, dtype, ToStream(opts)));
-  return MakeRequest(call, ToStream(opts));
+Result<std::unique_ptr<Request>> NcclBackend::DoIReduceScatter(const void* send, void* recv,
+                                                               const std::vector<size_t>& counts,
+                                                               DType dtype,
+                                                               const CallOptions& opts) {
+  PSD_CHECK(LaunchReduceScatter("IReduceScatter", send, recv, counts, dtype, ToStream(opts)));
+  return MakeRequest("IReduceScatter", ToStream(opts));
 }
 
-Result<std::unique_ptr<Request>> NcclBackend::IAllGatherV(const void* send, void* recv,
-                                                          const std::vector<size_t>& counts,
-                                                          DType dtype, const CallOptions& opts) {
-  const char* call = "IAllGatherV";
-  PSD_CHECK(CheckCommon(call, dtype, opts));
-  PSD_CHECK(CheckCountsPerRank(call, counts, size_));
-  size_t es = DTypeSize(dtype);
-  PSD_CHECK(CheckDevicePointer(call, "send", send, counts[static_cast<size_t>(rank_)] * es));
-  PSD_CHECK(CheckDevicePointer(call, "recv", recv, SumCounts(counts) * es));
-  PSD_CHECK(CheckUsable(call));
-  PSD_CHECK(LaunchAllGatherV(call, send, recv, counts, dtype, ToStream(opts)));
-  return MakeRequest(call, ToStream(opts));
+Result<std::unique_ptr<Request>> NcclBackend::DoIAllGatherV(const void* send, void* recv,
+                                                            const std::vector<size_t>& counts,
+                                                            DType dtype,
+                                                            const CallOptions& opts) {
+  PSD_CHECK(LaunchAllGatherV("IAllGatherV", send, recv, counts, dtype, ToStream(opts)));
+  return MakeRequest("IAllGatherV", ToStream(opts));
 }
 
 }  // namespace poseidon

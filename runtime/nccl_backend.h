@@ -73,13 +73,13 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/backend.h"
+#include "runtime/checked_backend.h"
 #include "runtime/cuda_util.h"
 #include "runtime/device_backend_logic.h"
 
 namespace poseidon {
 
-class NcclBackend : public Backend {
+class NcclBackend : public CheckedBackend {
  public:
   // Collective over comm (which must outlive the backend). timeout_s bounds every wait on
   // NCCL (see above): < 0 takes POSEIDON_PEER_TIMEOUT_S, 0 disables; the same on every rank.
@@ -99,32 +99,40 @@ class NcclBackend : public Backend {
   // The deadline in seconds (0: none).
   double timeout_s() const { return timeout_s_; }
 
-  Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                   const CallOptions& opts = {}) override;
-  Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
-                       const CallOptions& opts = {}) override;
-  Status AllGather(const void* send, void* recv, size_t count, DType dtype,
-                   const CallOptions& opts = {}) override;
-  Status AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
-                    const CallOptions& opts = {}) override;
-  Status Broadcast(void* buf, size_t count, DType dtype, int root,
-                   const CallOptions& opts = {}) override;
   // An NCCL allreduce of one word on an internal stream, waited for (within the deadline).
   Status Barrier() override;
-  Status FailTogether(const char* call, const Status& local, const Interrupt* interrupt) override;
-
-  Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
-                                              DType dtype, const CallOptions& opts = {}) override;
-  Result<std::unique_ptr<Request>> IReduceScatter(const void* send, void* recv,
-                                                  const std::vector<size_t>& counts, DType dtype,
-                                                  const CallOptions& opts = {}) override;
-  Result<std::unique_ptr<Request>> IAllGatherV(const void* send, void* recv,
-                                               const std::vector<size_t>& counts, DType dtype,
-                                               const CallOptions& opts = {}) override;
 
   // OK while healthy (polls ncclCommGetAsyncError; an error it reports aborts the
   // communicator); once aborted, the cause, as the watchdog or the failed call recorded it.
   Status CheckAsyncError();
+
+ protected:
+  Status CheckBuffer(const char* call, const char* which, const void* p, size_t count,
+                     size_t bytes) const override;  // CheckDevicePointer
+  // CheckUsable: a rank whose communicator was aborted fails the call on every rank.
+  Status Usable(const char* call) override;
+  // AgreeOnArgs over the MPI communicator, under POSEIDON_CHECK_ARGS.
+  Status Agree(const CollectiveArgs& args, const Interrupt* interrupt) override;
+  Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
+                     const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
+                         DType dtype, const CallOptions& opts,
+                         const CollectiveArgs& args) override;
+  Status DoAllGather(const void* send, void* recv, size_t count, DType dtype,
+                     const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoAllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
+                      DType dtype, const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoBroadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& opts,
+                     const CollectiveArgs& args) override;
+  Result<std::unique_ptr<Request>> DoIAllReduce(const void* send, void* recv, size_t count,
+                                                DType dtype, const CallOptions& opts) override;
+  Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
+                                                    const std::vector<size_t>& counts,
+                                                    DType dtype,
+                                                    const CallOptions& opts) override;
+  Result<std::unique_ptr<Request>> DoIAllGatherV(const void* send, void* recv,
+                                                 const std::vector<size_t>& counts, DType dtype,
+                                                 const CallOptions& opts) override;
 
  private:
   // An enqueued operation the watchdog follows: the event recorded after it.
@@ -135,8 +143,6 @@ class NcclBackend : public Backend {
 
   NcclBackend() = default;
 
-  Status Agree(const char* call, int64_t count, DType dtype, int64_t root, uint64_t layout_hash,
-               Status local);
   // OK while usable; else kAborted naming `call` and the cause of the abort.
   Status CheckUsable(const char* call);
   // Runs `enqueue` (NCCL calls on comm_, returning the first failure) under the lock, then

@@ -55,14 +55,6 @@ CallOptions HostCall(const CallOptions& opts) {
 
 cudaStream_t ToStream(const CallOptions& opts) { return static_cast<cudaStream_t>(opts.stream); }
 
-Status CheckCommon(const char* call, DType dtype, const CallOptions& opts) {
-  PSD_CHECK(CheckDType(call, dtype));
-  PSD_REQUIRE_ARG(opts.memory == MemoryKind::kDevice, call, ": the staged backend was given ",
-                  MemoryKindName(opts.memory),
-                  " memory; expected device memory (use the host backend for host memory)");
-  return Status::Ok();
-}
-
 unsigned char* At(void* base, size_t bytes) { return static_cast<unsigned char*>(base) + bytes; }
 
 // A pinned buffer that a host collective which gave up may still write (MPI cannot cancel a
@@ -311,18 +303,19 @@ Status StagedBackend::Post(const Op* until, bool wait, const Interrupt* interrup
   return until != nullptr ? until->error : Status::Ok();
 }
 
-Status StagedBackend::FailTogether(const char* call, const Status& local,
-                                  const Interrupt* interrupt) {
-  (void)Post(nullptr, true, interrupt);  // the queued calls' collectives come first
-  return host_->FailTogether(call, local, interrupt);
+Status StagedBackend::CheckBuffer(const char* call, const char* which, const void* p,
+                                  size_t count, size_t bytes) const {
+  (void)count;
+  return CheckDevicePointer(call, which, p, bytes);
 }
 
-Status StagedBackend::Agree(const char* call, int64_t count, DType dtype, int64_t root,
-                            uint64_t layout_hash, Status local, const Interrupt* interrupt) {
+Status StagedBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt) {
+  // The queued calls' collectives come first (MPI pairs collectives by order), also when this
+  // rank's own checks failed and its peers' did not.
+  (void)Post(nullptr, true, interrupt);
   // The host backend decides: its shared-memory window always checks (at no cost), plain MPI
   // only under POSEIDON_CHECK_ARGS.
-  return host_->Agree(
-      {call, count, static_cast<int64_t>(dtype), root, layout_hash, std::move(local)}, interrupt);
+  return host_->Agree(args, interrupt);
 }
 
 Status StagedBackend::HostResult(Status status, PinnedPool::Buffer& buf) {
@@ -361,19 +354,16 @@ Status StagedBackend::StageOut(void* dev, const void* host, size_t bytes, cudaSt
   return Status::Ok();
 }
 
-Status StagedBackend::AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                                const CallOptions& opts) {
-  const char* call = "AllReduce";
+Status StagedBackend::DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
+                                  const CallOptions& opts, const CollectiveArgs& args) {
   Reap();
-  Status local = CheckCommon(call, dtype, opts);
-  size_t bytes = count * DTypeSize(dtype);
-  if (local.ok()) local = CheckDevicePointer(call, "send", send, bytes);
-  if (local.ok()) local = CheckDevicePointer(call, "recv", recv, bytes);
+  const size_t bytes = count * DTypeSize(dtype);
+  CollectiveArgs staged = args;
   PinnedPool::Buffer buf;
-  if (local.ok()) local = StageIn(call, send, bytes, bytes, ToStream(opts), opts.interrupt, &buf);
-  PSD_CHECK(opts.agreed ? local
-                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local),
-                                opts.interrupt));
+  if (staged.local.ok()) {
+    staged.local = StageIn(args.call, send, bytes, bytes, ToStream(opts), opts.interrupt, &buf);
+  }
+  PSD_CHECK(Agreed(staged, opts));
   if (count == 0) return Status::Ok();
   PSD_CHECK(
       HostResult(host_->AllReduce(buf.data(), buf.data(), count, dtype, HostCall(opts)), buf));
@@ -381,26 +371,20 @@ Status StagedBackend::AllReduce(const void* send, void* recv, size_t count, DTyp
   return StageOut(recv, h, bytes, ToStream(opts), std::move(buf));
 }
 
-Status StagedBackend::ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
-                                    DType dtype, const CallOptions& opts) {
-  const char* call = "ReduceScatter";
+Status StagedBackend::DoReduceScatter(const void* send, void* recv,
+                                      const std::vector<size_t>& counts, DType dtype,
+                                      const CallOptions& opts, const CollectiveArgs& args) {
   Reap();
-  Status local = CheckCommon(call, dtype, opts);
-  if (local.ok()) local = CheckCountsPerRank(call, counts, size());
-  size_t es = DTypeSize(dtype);
-  size_t total = local.ok() ? SumCounts(counts) : 0;
-  size_t mine = local.ok() ? counts[static_cast<size_t>(rank())] : 0;
-  if (local.ok()) local = CheckDevicePointer(call, "send", send, total * es);
-  if (local.ok()) local = CheckDevicePointer(call, "recv", recv, mine * es);
+  CollectiveArgs staged = args;
+  const size_t es = DTypeSize(dtype);
+  const size_t total = staged.local.ok() ? SumCounts(counts) : 0;
+  const size_t mine = staged.local.ok() ? counts[static_cast<size_t>(rank())] : 0;
   PinnedPool::Buffer buf;
-  if (local.ok()) {
-    local = StageIn(call, send, total * es, total > 0 ? (total + mine) * es : 0, ToStream(opts),
-                    opts.interrupt, &buf);
+  if (staged.local.ok()) {
+    staged.local = StageIn(args.call, send, total * es, total > 0 ? (total + mine) * es : 0,
+                           ToStream(opts), opts.interrupt, &buf);
   }
-  PSD_CHECK(opts.agreed
-                ? local
-                : Agree(call, static_cast<int64_t>(total), dtype, -1,
-                        local.ok() ? HashCounts(counts) : 0, std::move(local), opts.interrupt));
+  PSD_CHECK(Agreed(staged, opts));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), total * es);
   PSD_CHECK(
@@ -408,75 +392,56 @@ Status StagedBackend::ReduceScatter(const void* send, void* recv, const std::vec
   return StageOut(recv, h_out, mine * es, ToStream(opts), std::move(buf));
 }
 
-Status StagedBackend::AllGather(const void* send, void* recv, size_t count, DType dtype,
-                                const CallOptions& opts) {
-  const char* call = "AllGather";
+Status StagedBackend::DoAllGather(const void* send, void* recv, size_t count, DType dtype,
+                                  const CallOptions& opts, const CollectiveArgs& args) {
   Reap();
-  Status local = CheckCommon(call, dtype, opts);
-  size_t es = DTypeSize(dtype);
-  size_t bytes = count * es;
-  size_t all = bytes * static_cast<size_t>(size());
-  if (local.ok()) local = CheckDevicePointer(call, "send", send, bytes);
-  if (local.ok()) local = CheckDevicePointer(call, "recv", recv, all);
+  CollectiveArgs staged = args;
+  const size_t bytes = count * DTypeSize(dtype);
+  const size_t all = bytes * static_cast<size_t>(size());
   PinnedPool::Buffer buf;
-  if (local.ok()) {
-    local = StageIn(call, send, bytes, bytes > 0 ? bytes + all : 0, ToStream(opts),
-                    opts.interrupt, &buf);
+  if (staged.local.ok()) {
+    staged.local = StageIn(args.call, send, bytes, bytes > 0 ? bytes + all : 0, ToStream(opts),
+                           opts.interrupt, &buf);
   }
-  PSD_CHECK(opts.agreed ? local
-                        : Agree(call, static_cast<int64_t>(count), dtype, -1, 0, std::move(local),
-                                opts.interrupt));
+  PSD_CHECK(Agreed(staged, opts));
   if (count == 0) return Status::Ok();
   void* h_out = At(buf.data(), bytes);
   PSD_CHECK(HostResult(host_->AllGather(buf.data(), h_out, count, dtype, HostCall(opts)), buf));
   return StageOut(recv, h_out, all, ToStream(opts), std::move(buf));
 }
 
-Status StagedBackend::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
-                                 DType dtype, const CallOptions& opts) {
-  const char* call = "AllGatherV";
+Status StagedBackend::DoAllGatherV(const void* send, void* recv,
+                                   const std::vector<size_t>& counts, DType dtype,
+                                   const CallOptions& opts, const CollectiveArgs& args) {
   Reap();
-  Status local = CheckCommon(call, dtype, opts);
-  if (local.ok()) local = CheckCountsPerRank(call, counts, size());
-  size_t es = DTypeSize(dtype);
-  size_t total = local.ok() ? SumCounts(counts) : 0;
-  size_t mine = local.ok() ? counts[static_cast<size_t>(rank())] : 0;
-  if (local.ok()) local = CheckDevicePointer(call, "send", send, mine * es);
-  if (local.ok()) local = CheckDevicePointer(call, "recv", recv, total * es);
+  CollectiveArgs staged = args;
+  const size_t es = DTypeSize(dtype);
+  const size_t total = staged.local.ok() ? SumCounts(counts) : 0;
+  const size_t mine = staged.local.ok() ? counts[static_cast<size_t>(rank())] : 0;
   PinnedPool::Buffer buf;
-  if (local.ok()) {
-    local = StageIn(call, send, mine * es, total > 0 ? (mine + total) * es : 0, ToStream(opts),
-                    opts.interrupt, &buf);
+  if (staged.local.ok()) {
+    staged.local = StageIn(args.call, send, mine * es, total > 0 ? (mine + total) * es : 0,
+                           ToStream(opts), opts.interrupt, &buf);
   }
-  PSD_CHECK(opts.agreed
-                ? local
-                : Agree(call, static_cast<int64_t>(total), dtype, -1,
-                        local.ok() ? HashCounts(counts) : 0, std::move(local), opts.interrupt));
+  PSD_CHECK(Agreed(staged, opts));
   if (total == 0) return Status::Ok();
   void* h_out = At(buf.data(), mine * es);
   PSD_CHECK(HostResult(host_->AllGatherV(buf.data(), h_out, counts, dtype, HostCall(opts)), buf));
   return StageOut(recv, h_out, total * es, ToStream(opts), std::move(buf));
 }
 
-Status StagedBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
-                                const CallOptions& opts) {
-  const char* call = "Broadcast";
+Status StagedBackend::DoBroadcast(void* buf, size_t count, DType dtype, int root,
+                                  const CallOptions& opts, const CollectiveArgs& args) {
   Reap();
-  Status local = CheckCommon(call, dtype, opts);
-  if (local.ok() && (root < 0 || root >= size())) {
-    local = InvalidArgument(call, ": root ", root, " is outside 0..", size() - 1);
-  }
-  size_t bytes = count * DTypeSize(dtype);
-  if (local.ok()) local = CheckDevicePointer(call, "buf", buf, bytes);
+  CollectiveArgs staged = args;
+  const size_t bytes = count * DTypeSize(dtype);
   PinnedPool::Buffer h;
-  if (local.ok()) {
+  if (staged.local.ok()) {
     // Only the root has bytes to copy in; every rank needs the buffer.
-    local = StageIn(call, buf, rank() == root ? bytes : 0, bytes, ToStream(opts), opts.interrupt,
-                    &h);
+    staged.local = StageIn(args.call, buf, rank() == root ? bytes : 0, bytes, ToStream(opts),
+                           opts.interrupt, &h);
   }
-  PSD_CHECK(opts.agreed ? local
-                        : Agree(call, static_cast<int64_t>(count), dtype, root, 0, std::move(local),
-                                opts.interrupt));
+  PSD_CHECK(Agreed(staged, opts));
   if (count == 0) return Status::Ok();
   PSD_CHECK(HostResult(host_->Broadcast(h.data(), count, dtype, root, HostCall(opts)), h));
   if (rank() == root) return Status::Ok();  // the root's device buffer already holds the data
@@ -513,56 +478,43 @@ Result<std::unique_ptr<Request>> StagedBackend::Start(std::shared_ptr<Op> op, co
   return std::unique_ptr<Request>(new StagedRequest(this, std::move(op)));
 }
 
-Result<std::unique_ptr<Request>> StagedBackend::IAllReduce(const void* send, void* recv,
-                                                           size_t count, DType dtype,
-                                                           const CallOptions& opts) {
-  const char* call = "IAllReduce";
+Result<std::unique_ptr<Request>> StagedBackend::DoIAllReduce(const void* send, void* recv,
+                                                             size_t count, DType dtype,
+                                                             const CallOptions& opts) {
   Reap();
-  PSD_CHECK(CheckCommon(call, dtype, opts));
-  size_t bytes = count * DTypeSize(dtype);
-  PSD_CHECK(CheckDevicePointer(call, "send", send, bytes));
-  PSD_CHECK(CheckDevicePointer(call, "recv", recv, bytes));
+  const size_t bytes = count * DTypeSize(dtype);
   if (count == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = NewOp(call, dtype, opts, recv, 0, bytes);  // in place
+  auto op = NewOp("IAllReduce", dtype, opts, recv, 0, bytes);  // in place
   op->kind = Op::Kind::kAllReduce;
   op->count = count;
   return Start(std::move(op), send, bytes);
 }
 
-Result<std::unique_ptr<Request>> StagedBackend::IReduceScatter(const void* send, void* recv,
-                                                               const std::vector<size_t>& counts,
-                                                               DType dtype,
-                                                               const CallOptions& opts) {
-  const char* call = "IReduceScatter";
+Result<std::unique_ptr<Request>> StagedBackend::DoIReduceScatter(const void* send, void* recv,
+                                                                 const std::vector<size_t>& counts,
+                                                                 DType dtype,
+                                                                 const CallOptions& opts) {
   Reap();
-  PSD_CHECK(CheckCommon(call, dtype, opts));
-  PSD_CHECK(CheckCountsPerRank(call, counts, size()));
-  size_t es = DTypeSize(dtype);
-  size_t total = SumCounts(counts);
-  size_t mine = counts[static_cast<size_t>(rank())];
-  PSD_CHECK(CheckDevicePointer(call, "send", send, total * es));
-  PSD_CHECK(CheckDevicePointer(call, "recv", recv, mine * es));
+  const size_t es = DTypeSize(dtype);
+  const size_t total = SumCounts(counts);
+  const size_t mine = counts[static_cast<size_t>(rank())];
   if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = NewOp(call, dtype, opts, recv, total * es, mine * es);
+  auto op = NewOp("IReduceScatter", dtype, opts, recv, total * es, mine * es);
   op->kind = Op::Kind::kReduceScatter;
   op->counts = counts;
   return Start(std::move(op), send, total * es);
 }
 
-Result<std::unique_ptr<Request>> StagedBackend::IAllGatherV(const void* send, void* recv,
-                                                            const std::vector<size_t>& counts,
-                                                            DType dtype, const CallOptions& opts) {
-  const char* call = "IAllGatherV";
+Result<std::unique_ptr<Request>> StagedBackend::DoIAllGatherV(const void* send, void* recv,
+                                                              const std::vector<size_t>& counts,
+                                                              DType dtype,
+                                                              const CallOptions& opts) {
   Reap();
-  PSD_CHECK(CheckCommon(call, dtype, opts));
-  PSD_CHECK(CheckCountsPerRank(call, counts, size()));
-  size_t es = DTypeSize(dtype);
-  size_t total = SumCounts(counts);
-  size_t mine = counts[static_cast<size_t>(rank())];
-  PSD_CHECK(CheckDevicePointer(call, "send", send, mine * es));
-  PSD_CHECK(CheckDevicePointer(call, "recv", recv, total * es));
+  const size_t es = DTypeSize(dtype);
+  const size_t total = SumCounts(counts);
+  const size_t mine = counts[static_cast<size_t>(rank())];
   if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = NewOp(call, dtype, opts, recv, mine * es, total * es);
+  auto op = NewOp("IAllGatherV", dtype, opts, recv, mine * es, total * es);
   op->kind = Op::Kind::kAllGatherV;
   op->counts = counts;
   return Start(std::move(op), send, mine * es);

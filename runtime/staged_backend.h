@@ -37,14 +37,14 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend.h"
+#include "runtime/checked_backend.h"
 #include "runtime/cuda_util.h"
 #include "runtime/device_backend_logic.h"
 #include "runtime/mpi_backend.h"
 
 namespace poseidon {
 
-class StagedBackend : public Backend {
+class StagedBackend : public CheckedBackend {
  public:
   // host must outlive this backend. timeout_s bounds the host's waits for the device (the
   // copies to pinned memory): < 0 takes POSEIDON_PEER_TIMEOUT_S, 0 disables. Fails with
@@ -59,27 +59,37 @@ class StagedBackend : public Backend {
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
 
-  Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
-                   const CallOptions& opts = {}) override;
-  Status ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
-                       const CallOptions& opts = {}) override;
-  Status AllGather(const void* send, void* recv, size_t count, DType dtype,
-                   const CallOptions& opts = {}) override;
-  Status AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
-                    const CallOptions& opts = {}) override;
-  Status Broadcast(void* buf, size_t count, DType dtype, int root,
-                   const CallOptions& opts = {}) override;
   Status Barrier() override;
-  Status FailTogether(const char* call, const Status& local, const Interrupt* interrupt) override;
 
-  Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
-                                              DType dtype, const CallOptions& opts = {}) override;
-  Result<std::unique_ptr<Request>> IReduceScatter(const void* send, void* recv,
-                                                  const std::vector<size_t>& counts, DType dtype,
-                                                  const CallOptions& opts = {}) override;
-  Result<std::unique_ptr<Request>> IAllGatherV(const void* send, void* recv,
-                                               const std::vector<size_t>& counts, DType dtype,
-                                               const CallOptions& opts = {}) override;
+ protected:
+  Status CheckBuffer(const char* call, const char* which, const void* p, size_t count,
+                     size_t bytes) const override;  // CheckDevicePointer
+  // OK while usable; kAborted naming `call` and the cause once broken.
+  Status Usable(const char* call) override;
+  // Posts the queued calls' host collectives first, then the host backend's agreement.
+  Status Agree(const CollectiveArgs& args, const Interrupt* interrupt) override;
+  // Each stages its input into pinned memory first: a failed copy joins the local outcome
+  // that the ranks agree on.
+  Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
+                     const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
+                         DType dtype, const CallOptions& opts,
+                         const CollectiveArgs& args) override;
+  Status DoAllGather(const void* send, void* recv, size_t count, DType dtype,
+                     const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoAllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
+                      DType dtype, const CallOptions& opts, const CollectiveArgs& args) override;
+  Status DoBroadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& opts,
+                     const CollectiveArgs& args) override;
+  Result<std::unique_ptr<Request>> DoIAllReduce(const void* send, void* recv, size_t count,
+                                                DType dtype, const CallOptions& opts) override;
+  Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
+                                                    const std::vector<size_t>& counts,
+                                                    DType dtype,
+                                                    const CallOptions& opts) override;
+  Result<std::unique_ptr<Request>> DoIAllGatherV(const void* send, void* recv,
+                                                 const std::vector<size_t>& counts, DType dtype,
+                                                 const CallOptions& opts) override;
 
  private:
   struct InFlight;
@@ -91,10 +101,6 @@ class StagedBackend : public Backend {
                                    void* dev_out, size_t out_offset, size_t out_bytes);
   StagedBackend(MpiBackend* host, double timeout_s);
 
-  // Agreement across ranks on a blocking call's arguments and on this rank's local status
-  // (which includes the staging copy), when POSEIDON_CHECK_ARGS is on.
-  Status Agree(const char* call, int64_t count, DType dtype, int64_t root, uint64_t layout_hash,
-               Status local, const Interrupt* interrupt);
   // A blocking host call's status; when the call gave up with its collective still running
   // (the host backend is then broken), the pinned buffer MPI may still write is leaked on
   // purpose instead of returning to the pool. Leaves `buf` alone otherwise.
@@ -124,8 +130,6 @@ class StagedBackend : public Backend {
   Status PostOne(Op& op);
   // Fails every queued call with `cause` and breaks the backend. Caller holds post_mu_.
   void BreakLocked(const Status& cause);
-  // OK while usable; kAborted naming `call` and the cause once broken.
-  Status Usable(const char* call);
 
   MpiBackend* host_;
   double timeout_s_ = 0;
