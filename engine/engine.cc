@@ -143,7 +143,6 @@ Engine::Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
     const LayerSpec& spec = hc_->layer(l);
     layer_names_.push_back(std::make_shared<const std::string>(spec.name));
     layer_count_.push_back(spec.NumElements());
-    layer_dtype_.push_back(spec.dtype);
     layer_strategy_.push_back(hc_->has_plan() ? hc_->strategy(l) : StrategyKind::kAllReduce);
   }
 }

@@ -87,6 +87,8 @@ struct Gradient {
   void* data = nullptr;  // the gradient (count elements of dtype); the averaged result lands
                          // here (with an optimizer: scratch, params hold the result)
   size_t count = 0;      // must equal the layer's element count on every rank
+  // Layers are float32 (RegisterLayer refuses any other dtype); another value fails the
+  // handle, on every rank (kMismatch when the ranks differ, kInvalidArgument when they agree).
   DType dtype = DType::kFloat32;
   float* params = nullptr;   // required when the layer has an optimizer
   const float* u = nullptr;  // sufficient factors (fully connected layers), batch x M
@@ -246,7 +248,6 @@ class Engine {
   // Per layer, copied from the collective at construction (immutable, read by any thread).
   std::vector<std::shared_ptr<const std::string>> layer_names_;  // shared with handles
   std::vector<size_t> layer_count_;
-  std::vector<DType> layer_dtype_;
   std::vector<StrategyKind> layer_strategy_;
   std::unique_ptr<engine::Timeline> timeline_;
   std::unique_ptr<engine::Controller> controller_;

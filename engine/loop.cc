@@ -269,7 +269,6 @@ void Engine::RunReady(const std::vector<int>& layers) {
       Record(e, "queue", e.submit_us, start);
     }
     const size_t n = layer_count_[static_cast<size_t>(l)];
-    const DType dt = layer_dtype_[static_cast<size_t>(l)];
     Status bad;
     if (e.desc.count != static_cast<int64_t>(n)) {
       bad = InvalidArgument("Engine::Submit: layer ", l, " (", LayerName(l), ") step ", e.desc.step,
@@ -277,11 +276,11 @@ void Engine::RunReady(const std::vector<int>& layers) {
                             " on every rank, but the "
                             "layer has ",
                             n, " elements; expected ", n);
-    } else if (static_cast<DType>(e.desc.dtype) != dt) {
+    } else if (static_cast<DType>(e.desc.dtype) != DType::kFloat32) {
+      // Layers are float32 (RegisterLayer refuses any other dtype).
       bad = InvalidArgument("Engine::Submit: layer ", l, " (", LayerName(l), ") step ", e.desc.step,
                             ": dtype ", DTypeName(static_cast<DType>(e.desc.dtype)),
-                            " on every rank, but the layer is ", DTypeName(dt), "; expected ",
-                            DTypeName(dt));
+                            " on every rank; expected float32 (the layer's dtype)");
     }
     if (bad.ok() && e.ready != nullptr) {
       // The engine's stream waits for the caller's gradient on the device, not the host.
@@ -310,15 +309,14 @@ void Engine::RunReady(const std::vector<int>& layers) {
   // cut into slices. The other layers run whole through their strategy.
   auto fusible = [this](int l) {
     const Entry& e = queues_[static_cast<size_t>(l)].front();
-    return layer_dtype_[static_cast<size_t>(l)] == DType::kFloat32 &&
-           layer_strategy_[static_cast<size_t>(l)] == StrategyKind::kAllReduce &&
+    return layer_strategy_[static_cast<size_t>(l)] == StrategyKind::kAllReduce &&
            e.desc.factors == 0;
   };
   std::vector<engine::SliceItem> slice_items;
   for (int l : runnable) {
     const Entry& e = queues_[static_cast<size_t>(l)].front();
     engine::SliceItem it;
-    it.elem_bytes = DTypeSize(layer_dtype_[static_cast<size_t>(l)]);
+    it.elem_bytes = sizeof(float);
     it.remaining_bytes = (layer_count_[static_cast<size_t>(l)] - e.offset) * it.elem_bytes;
     it.sliceable = fusible(l);
     slice_items.push_back(it);
