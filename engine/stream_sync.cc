@@ -15,7 +15,6 @@ namespace poseidon::engine {
 
 namespace {
 cudaStream_t AsStream(void* s) { return static_cast<cudaStream_t>(s); }
-cudaEvent_t AsEvent(void* e) { return static_cast<cudaEvent_t>(e); }
 }  // namespace
 
 Result<int> CurrentDevice() {
@@ -52,31 +51,37 @@ Status Stream::Synchronize() const {
   return CudaStatus(cudaStreamSynchronize(AsStream(stream_)), "Engine: cudaStreamSynchronize");
 }
 
+struct Event::Impl {
+  CudaEvent event;
+};
+
+Event::Event() : impl_(new Impl()) {}
+// Safe while captured work is pending: the runtime releases the event once it completes.
+Event::~Event() = default;
+
 Result<std::unique_ptr<Event>> Event::Create() {
   std::unique_ptr<Event> e(new Event());
-  cudaEvent_t ev = nullptr;
-  PSD_CHECK(CudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
-                       "Engine: cudaEventCreateWithFlags"));
-  e->event_ = ev;
+  auto ev = CudaEvent::Create();
+  if (!ev.ok()) return ev.status().WithPrefix("Engine: ");
+  e->impl_->event = std::move(*ev);
   return e;
 }
 
-Event::~Event() {
-  // Safe while captured work is pending: the runtime releases the event once it completes.
-  if (event_ != nullptr) (void)cudaEventDestroy(AsEvent(event_));
-}
+void* Event::get() const { return impl_->event.get(); }
 
 Status Event::Record(void* stream) {
-  return CudaStatus(cudaEventRecord(AsEvent(event_), AsStream(stream)), "Engine: cudaEventRecord");
+  Status s = impl_->event.Record(AsStream(stream));
+  return s.ok() ? s : s.WithPrefix("Engine: ");
 }
 
 Status Event::OrderStream(void* stream) const {
-  return CudaStatus(cudaStreamWaitEvent(AsStream(stream), AsEvent(event_), 0),
+  return CudaStatus(cudaStreamWaitEvent(AsStream(stream), impl_->event.get(), 0),
                     "Engine: cudaStreamWaitEvent");
 }
 
 Status Event::Synchronize() const {
-  return CudaStatus(cudaEventSynchronize(AsEvent(event_)), "Engine: cudaEventSynchronize");
+  Status s = impl_->event.Synchronize();
+  return s.ok() ? s : s.WithPrefix("Engine: ");
 }
 
 #else  // no CUDA in this build
@@ -96,8 +101,11 @@ Result<std::unique_ptr<Stream>> Stream::Create() { return NoCuda("a CUDA stream"
 Stream::~Stream() = default;
 Status Stream::Synchronize() const { return NoCuda("synchronizing a CUDA stream"); }
 
-Result<std::unique_ptr<Event>> Event::Create() { return NoCuda("a CUDA event"); }
+struct Event::Impl {};
+Event::Event() = default;
 Event::~Event() = default;
+Result<std::unique_ptr<Event>> Event::Create() { return NoCuda("a CUDA event"); }
+void* Event::get() const { return nullptr; }
 Status Event::Record(void*) { return NoCuda("recording a CUDA event"); }
 Status Event::OrderStream(void*) const { return NoCuda("ordering a stream after an event"); }
 Status Event::Synchronize() const { return NoCuda("synchronizing a CUDA event"); }

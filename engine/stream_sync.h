@@ -41,14 +41,15 @@ class Stream {
   void* stream_ = nullptr;
 };
 
-// A CUDA event without timing.
+// A CUDA event without timing: the runtime's CudaEvent (runtime/cuda_util.h), behind this seam
+// so that the engine's headers name no CUDA type.
 class Event {
  public:
   static Result<std::unique_ptr<Event>> Create();
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
-  void* get() const { return event_; }  // the cudaEvent_t
+  void* get() const;  // the cudaEvent_t
   // Captures the work queued on `stream` so far (null: the default stream).
   Status Record(void* stream);
   // Makes `stream` wait (on the device) for the captured work; the host does not wait.
@@ -57,8 +58,9 @@ class Event {
   Status Synchronize() const;
 
  private:
-  Event() = default;
-  void* event_ = nullptr;
+  struct Impl;  // holds the CudaEvent (defined in stream_sync.cc, with CUDA only)
+  Event();
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace poseidon::engine

@@ -1,5 +1,5 @@
 // Small helpers for the CUDA runtime API shared by the device backends, the CUDA kernels, the
-// GPU tests and poseidon-info. Only the runtime API is used (never libcuda / the driver API),
+// engine's stream seam (engine/stream_sync.cc), the GPU tests and poseidon-info. Only the runtime API is used (never libcuda / the driver API),
 // so binaries start on machines without a GPU and report a clean error instead.
 //
 // Built only when POSEIDON_CUDA_ENABLED; include it only from CUDA-enabled code.
@@ -50,7 +50,8 @@ Status LaunchWidenToFloat32(DType dtype, const void* src, float* dst, size_t n,
 Status LaunchNarrowFromFloat32(DType dtype, const float* src, void* dst, size_t n,
                                cudaStream_t stream);
 
-// A cudaEvent_t owned by value (timing disabled).
+// A cudaEvent_t owned by value (timing disabled); the engine's Event (engine/stream_sync.h)
+// holds one.
 class CudaEvent {
  public:
   static Result<CudaEvent> Create();
