@@ -11,12 +11,12 @@
 //     Adam: m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2;
 //           p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps),
 //           which is torch.optim.Adam's arrangement of mhat / (sqrt(vhat) + eps); the bias
-//           corrections are computed once per call in double precision.
+//           corrections are computed once per call in double precision (Kernels::AdamStep,
+//           which also checks the arguments before CpuKernels() calls these).
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/contract_checks.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_impl.h"
 #include "runtime/multiversion.h"
 
 namespace poseidon {
@@ -36,17 +36,11 @@ void SumBlock(const float* __restrict grads, int num, size_t stride, size_t base
   }
 }
 
-using kernel_checks::CheckPieces;
-
 }  // namespace
 
 PSD_MULTIVERSION
-Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
-               float grad_scale, float* velocity, size_t n, const SgdParams& p) {
-  PSD_CHECK(kernel_checks::CheckSgdArgs("SgdStep", param, grads, num_grads, grad_stride,
-                                        grad_scale, velocity, n, p));
-  if (n == 0) return Status::Ok();
-
+void SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+             float grad_scale, float* velocity, size_t n, const SgdParams& p) {
   const float lr = p.lr;
   const float mu = p.momentum;
   const float wd = p.weight_decay;
@@ -78,18 +72,12 @@ Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stri
       }
     }
   }
-  return Status::Ok();
 }
 
 PSD_MULTIVERSION
-Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
-                float grad_scale, float* m, float* v, size_t n, const AdamParams& p) {
-  double bc1 = 1.0, bc2 = 1.0;
-  PSD_CHECK(kernel_checks::CheckAdamArgs("AdamStep", param, grads, num_grads, grad_stride,
-                                         grad_scale, m, v, n, p, &bc1, &bc2));
-  if (n == 0) return Status::Ok();
-  const float step_size = static_cast<float>(p.lr / bc1);
-  const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+void AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+              float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
+              float step_size, float inv_bc2_sqrt) {
   const float b1 = p.beta1;
   const float b2 = p.beta2;
   const float one_minus_b1 = 1.0f - b1;
@@ -117,19 +105,13 @@ Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_str
       pp[j] = pp[j] - step_size * (m1 / denom);
     }
   }
-  return Status::Ok();
 }
 
-Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n) {
-  constexpr const char* kCall = "SumInto";
-  PSD_REQUIRE_ARG(num >= 0, kCall, ": num is ", num, "; expected >= 0");
-  if (n == 0) return Status::Ok();
-  PSD_REQUIRE_ARG(dst != nullptr, kCall, ": dst is null with n = ", n);
+void SumInto(float* dst, const float* src, int num, size_t stride, size_t n) {
   if (num == 0) {  // the empty sum
     std::fill(dst, dst + n, 0.0f);
-    return Status::Ok();
+    return;
   }
-  PSD_CHECK(CheckPieces(kCall, src, num, stride, n));
   // Blocked like the optimizer steps so that dst may be piece 0 itself (in-place reduction):
   // each block is summed into scratch before it is written.
   alignas(64) float acc[kBlock];
@@ -138,7 +120,6 @@ Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n) {
     SumBlock(src, num, stride, base, len, acc);
     std::copy(acc, acc + len, dst + base);
   }
-  return Status::Ok();
 }
 
 }  // namespace cpu

@@ -1,5 +1,6 @@
 // FusedResidualTopK on host memory: residual accumulation (with optional DGC momentum
-// correction) fused with exact top-k selection by magnitude. No full sort.
+// correction) fused with exact top-k selection by magnitude. No full sort. Called by
+// CpuKernels() once the contract's checks (kernels/contract.cc) and the workspace's have passed.
 //
 // Keys: a value's sort key is the float bits of its magnitude (|x| orders like those bits),
 // with every NaN mapped to one key just above +infinity (kNaNKey).
@@ -36,8 +37,7 @@
 #include <functional>
 #include <limits>
 
-#include "kernels/contract_checks.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_impl.h"
 #include "runtime/half.h"
 
 namespace poseidon {
@@ -378,15 +378,8 @@ Status ForceIsaForTesting(const std::string& isa) {
 
 Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf, float momentum,
                          size_t n, size_t k, uint32_t* out_idx, float* out_val,
-                         KernelWorkspace* ws) {
+                         TopKWorkspace* w) {
   constexpr const char* kCall = "FusedResidualTopK";
-  PSD_CHECK(kernel_checks::CheckTopKArgs(kCall, grad, residual, momentum_buf, momentum, n, k,
-                                         out_idx, out_val, ws));
-  auto* w = dynamic_cast<TopKWorkspace*>(ws);
-  PSD_REQUIRE_ARG(w != nullptr, kCall,
-                  ": workspace was made by another Kernels implementation; expected one from "
-                  "CpuKernels().NewWorkspace()");
-
   PassArgs a{grad, residual, momentum_buf, momentum, n, kCollectNothing, nullptr, nullptr, 0};
   bool sampled = k < n && SampleThreshold(a, k, w, &a.threshold, &a.cap);
   if (sampled) {

@@ -1,18 +1,14 @@
-// CudaKernelsImpl: argument checks (the same rules and messages as the CPU kernels, plus a
-// check that every buffer is device memory), then the launchers of topk.cu / elementwise.cu,
-// cuBLAS for the sufficient-factor GEMM, cudaMemcpyAsync for pack / unpack / copy and
-// cudaMalloc for the buffers strategies keep their state in.
+// CudaKernelsImpl, the Do hooks of CudaKernels(). The contract's checks have run (Kernels'
+// public calls, kernels/contract.cc); a hook checks what depends on device memory (the
+// workspace is CudaKernels()', every buffer is device memory), then calls the launchers of
+// topk.cu / scatter.cu / elementwise.cu, cuBLAS for the sufficient-factor GEMM, cudaMemcpyAsync
+// for pack / unpack / copy and cudaMalloc for the buffers strategies keep their state in.
 #include "kernels/cuda/cuda_kernels.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <climits>
-#include <cmath>
-#include <limits>
-
 #include "kernels/cuda/launch.h"
-#include "kernels/contract_checks.h"
 #include "runtime/cuda_util.h"
 
 namespace poseidon {
@@ -20,10 +16,11 @@ namespace {
 
 cudaStream_t ToStream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// The shared piece checks plus: the whole span must be device memory.
-Status CheckPieces(const char* call, const float* grads, int num, size_t stride, size_t n) {
-  PSD_CHECK(kernel_checks::CheckPieces(call, grads, num, stride, n));
-  size_t span = (static_cast<size_t>(num) - 1) * stride + n;
+// The num gradient pieces (already checked by the contract) must be device memory, all of the
+// span from the first to the end of the last.
+Status CheckPiecesOnDevice(const char* call, const float* grads, int num, size_t stride,
+                           size_t n) {
+  const size_t span = (static_cast<size_t>(num) - 1) * stride + n;
   return CheckDevicePointer(call, "grads", grads, span * sizeof(float));
 }
 
@@ -69,19 +66,17 @@ class DeviceMemory final : public KernelBuffer {
 
 class CudaKernelsImpl final : public Kernels {
  public:
-  MemoryKind memory() const override { return MemoryKind::kDevice; }
-  const char* name() const override { return "cuda"; }
+  CudaKernelsImpl() : Kernels(MemoryKind::kDevice, "cuda") {}
 
-  std::unique_ptr<KernelWorkspace> NewWorkspace() const override {
+ private:
+  std::unique_ptr<KernelWorkspace> DoNewWorkspace() const override {
     return cuda::NewTopKWorkspace();
   }
 
-  Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf, float momentum,
-                           size_t n, size_t k, uint32_t* out_idx, float* out_val,
-                           KernelWorkspace* ws, void* stream) const override {
+  Status DoFusedResidualTopK(const float* grad, float* residual, float* momentum_buf,
+                             float momentum, size_t n, size_t k, uint32_t* out_idx,
+                             float* out_val, KernelWorkspace* ws, void* stream) const override {
     constexpr const char* kCall = "FusedResidualTopK";
-    PSD_CHECK(kernel_checks::CheckTopKArgs(kCall, grad, residual, momentum_buf, momentum, n, k,
-                                           out_idx, out_val, ws));
     PSD_REQUIRE_ARG(cuda::IsTopKWorkspace(ws), kCall,
                     ": workspace was made by another Kernels implementation; expected one from "
                     "CudaKernels().NewWorkspace()");
@@ -96,15 +91,14 @@ class CudaKernelsImpl final : public Kernels {
                                          out_val, ws, ToStream(stream));
   }
 
-  std::unique_ptr<ScatterWorkspace> NewScatterWorkspace() const override {
+  std::unique_ptr<ScatterWorkspace> DoNewScatterWorkspace() const override {
     return cuda::NewScatterWorkspace();
   }
 
   // Deterministic and sync-free (scatter.cu); faults reach ws->Fault() a call later.
-  Status ScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense, size_t n,
-                          ScatterWorkspace* ws, void* stream) const override {
+  Status DoScatterAddBlocks(const void* blocks, int num_blocks, size_t k, float* dense, size_t n,
+                            ScatterWorkspace* ws, void* stream) const override {
     constexpr const char* kCall = "ScatterAddBlocks";
-    PSD_CHECK(kernel_checks::CheckScatterAddBlocksArgs(blocks, num_blocks, k, dense, n, ws));
     PSD_REQUIRE_ARG(cuda::IsScatterWorkspace(ws), kCall,
                     ": workspace was made by another Kernels implementation; expected one from "
                     "CudaKernels().NewScatterWorkspace()");
@@ -118,10 +112,8 @@ class CudaKernelsImpl final : public Kernels {
 
   // Float atomics: see cuda_kernels.h (not bit-reproducible with repeated indices). Waits for
   // the stream once to report an out-of-range index (dense is then left unchanged).
-  Status ScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
-                    void* stream) const override {
-    if (m == 0) return Status::Ok();
-    PSD_CHECK(kernel_checks::CheckScatterAddArgs(idx, val, m, dense));
+  Status DoScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
+                      void* stream) const override {
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "idx", idx, m * sizeof(uint32_t)));
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "val", val, m * sizeof(float)));
     PSD_CHECK(CheckDevicePointer("ScatterAdd", "dense", dense, n * sizeof(float)));
@@ -133,11 +125,9 @@ class CudaKernelsImpl final : public Kernels {
   //   G^T = alpha * V^T U + beta * G^T,
   // one column-major cublasSgemm with A = V^T (no transpose, lda N) and B = U^T transposed
   // (op(B) = U, ldb M), m = N, n = M, k = rows: no copies, no explicit transposes.
-  Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
-                              float alpha, float beta, float* g, void* stream) const override {
+  Status DoSufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
+                                float alpha, float beta, float* g, void* stream) const override {
     constexpr const char* kCall = "SufficientFactorGemm";
-    PSD_CHECK(kernel_checks::CheckGemmArgs(kCall, u, v, rows, m, n, alpha, beta, g));
-    if (m == 0 || n == 0) return Status::Ok();
     PSD_CHECK(CheckDevicePointer(kCall, "g", g, m * n * sizeof(float)));
     if (rows > 0 && alpha != 0.0f) {  // else cuBLAS reads neither factor
       PSD_CHECK(CheckDevicePointer(kCall, "u", u, rows * m * sizeof(float)));
@@ -157,23 +147,11 @@ class CudaKernelsImpl final : public Kernels {
     return Status::Ok();
   }
 
-  Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
-              void* stream) const override {
-    PSD_CHECK(CheckDType("Cast", src_type));
-    PSD_CHECK(CheckDType("Cast", dst_type));
-    bool same = src_type == dst_type;
-    bool supported = same || (src_type == DType::kFloat32 && IsHalfDType(dst_type)) ||
-                     (IsHalfDType(src_type) && dst_type == DType::kFloat32);
-    PSD_REQUIRE_ARG(supported, "Cast: ", DTypeName(src_type), " -> ", DTypeName(dst_type),
-                    " is not supported; expected float32 <-> float16 / bfloat16 or the same "
-                    "type");
-    if (count == 0) return Status::Ok();
-    PSD_REQUIRE_ARG(src != nullptr, "Cast: src is null with count = ", count);
-    PSD_REQUIRE_ARG(dst != nullptr, "Cast: dst is null with count = ", count);
+  Status DoCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
+                void* stream) const override {
     PSD_CHECK(CheckDevicePointer("Cast", "src", src, count * DTypeSize(src_type)));
     PSD_CHECK(CheckDevicePointer("Cast", "dst", dst, count * DTypeSize(dst_type)));
-    if (same) {
-      if (src == dst) return Status::Ok();
+    if (src_type == dst_type) {
       return CudaStatus(cudaMemcpyAsync(dst, src, count * DTypeSize(src_type),
                                         cudaMemcpyDeviceToDevice, ToStream(stream)),
                         "Cast: cudaMemcpyAsync");
@@ -181,16 +159,9 @@ class CudaKernelsImpl final : public Kernels {
     return cuda::LaunchCast(src, src_type, dst, dst_type, count, ToStream(stream));
   }
 
-  Status Pack(const std::vector<ConstByteRange>& parts, void* dst, void* stream) const override {
-    size_t total = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      PSD_REQUIRE_ARG(parts[i].data != nullptr || parts[i].bytes == 0, "Pack: parts[", i,
-                      "] is null with ", parts[i].bytes, " bytes");
-      total += parts[i].bytes;
-    }
-    if (total == 0) return Status::Ok();
-    PSD_REQUIRE_ARG(dst != nullptr, "Pack: dst is null with ", total, " bytes to pack");
-    PSD_CHECK(CheckDevicePointer("Pack", "dst", dst, total));
+  Status DoPack(const std::vector<ConstByteRange>& parts, void* dst, size_t total_bytes,
+                void* stream) const override {
+    PSD_CHECK(CheckDevicePointer("Pack", "dst", dst, total_bytes));
     size_t off = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].bytes == 0) continue;
@@ -203,16 +174,9 @@ class CudaKernelsImpl final : public Kernels {
     return Status::Ok();
   }
 
-  Status Unpack(const void* src, const std::vector<ByteRange>& parts, void* stream) const override {
-    size_t total = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      PSD_REQUIRE_ARG(parts[i].data != nullptr || parts[i].bytes == 0, "Unpack: parts[", i,
-                      "] is null with ", parts[i].bytes, " bytes");
-      total += parts[i].bytes;
-    }
-    if (total == 0) return Status::Ok();
-    PSD_REQUIRE_ARG(src != nullptr, "Unpack: src is null with ", total, " bytes to unpack");
-    PSD_CHECK(CheckDevicePointer("Unpack", "src", src, total));
+  Status DoUnpack(const void* src, const std::vector<ByteRange>& parts, size_t total_bytes,
+                  void* stream) const override {
+    PSD_CHECK(CheckDevicePointer("Unpack", "src", src, total_bytes));
     size_t off = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].bytes == 0) continue;
@@ -225,14 +189,11 @@ class CudaKernelsImpl final : public Kernels {
     return Status::Ok();
   }
 
-  Status SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
-                 float grad_scale, float* velocity, size_t n, const SgdParams& p,
-                 void* stream) const override {
+  Status DoSgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                   float grad_scale, float* velocity, size_t n, const SgdParams& p,
+                   void* stream) const override {
     constexpr const char* kCall = "SgdStep";
-    PSD_CHECK(kernel_checks::CheckSgdArgs(kCall, param, grads, num_grads, grad_stride, grad_scale,
-                                          velocity, n, p));
-    if (n == 0) return Status::Ok();
-    PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
+    PSD_CHECK(CheckPiecesOnDevice(kCall, grads, num_grads, grad_stride, n));
     PSD_CHECK(CheckDevicePointer(kCall, "param", param, n * sizeof(float)));
     if (p.momentum != 0.0f) {
       PSD_CHECK(CheckDevicePointer(kCall, "velocity", velocity, n * sizeof(float)));
@@ -241,35 +202,27 @@ class CudaKernelsImpl final : public Kernels {
                                ToStream(stream));
   }
 
-  Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
-                  float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
-                  void* stream) const override {
+  Status DoAdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
+                    float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
+                    float step_size, float inv_bc2_sqrt, void* stream) const override {
     constexpr const char* kCall = "AdamStep";
-    double bc1 = 1.0, bc2 = 1.0;
-    PSD_CHECK(kernel_checks::CheckAdamArgs(kCall, param, grads, num_grads, grad_stride, grad_scale,
-                                           m, v, n, p, &bc1, &bc2));
-    if (n == 0) return Status::Ok();
-    PSD_CHECK(CheckPieces(kCall, grads, num_grads, grad_stride, n));
+    PSD_CHECK(CheckPiecesOnDevice(kCall, grads, num_grads, grad_stride, n));
     PSD_CHECK(CheckDevicePointer(kCall, "param", param, n * sizeof(float)));
     PSD_CHECK(CheckDevicePointer(kCall, "m", m, n * sizeof(float)));
     PSD_CHECK(CheckDevicePointer(kCall, "v", v, n * sizeof(float)));
     return cuda::LaunchAdamStep(param, grads, num_grads, grad_stride, grad_scale, m, v, n, p,
-                                static_cast<float>(p.lr / bc1),
-                                static_cast<float>(1.0 / std::sqrt(bc2)), ToStream(stream));
+                                step_size, inv_bc2_sqrt, ToStream(stream));
   }
 
-  Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n,
-                 void* stream) const override {
+  Status DoSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
+                   void* stream) const override {
     constexpr const char* kCall = "SumInto";
-    PSD_REQUIRE_ARG(num >= 0, kCall, ": num is ", num, "; expected >= 0");
-    if (n == 0) return Status::Ok();
-    PSD_REQUIRE_ARG(dst != nullptr, kCall, ": dst is null with n = ", n);
-    if (num > 0) PSD_CHECK(CheckPieces(kCall, src, num, stride, n));
+    if (num > 0) PSD_CHECK(CheckPiecesOnDevice(kCall, src, num, stride, n));
     PSD_CHECK(CheckDevicePointer(kCall, "dst", dst, n * sizeof(float)));
     return cuda::LaunchSumInto(dst, src, num, stride, n, ToStream(stream));
   }
 
-  Result<std::unique_ptr<KernelBuffer>> Allocate(size_t bytes) const override {
+  Result<std::unique_ptr<KernelBuffer>> DoAllocate(size_t bytes) const override {
     if (bytes == 0) return std::unique_ptr<KernelBuffer>(new DeviceMemory(nullptr, 0));
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, bytes);
@@ -284,36 +237,24 @@ class CudaKernelsImpl final : public Kernels {
     return buf;
   }
 
-  Status Scale(float* data, size_t n, float scale, void* stream) const override {
-    PSD_REQUIRE_ARG(std::isfinite(scale), "Scale: scale is ", scale, "; expected a finite factor");
-    if (n == 0) return Status::Ok();
-    PSD_REQUIRE_ARG(data != nullptr, "Scale: data is null with n = ", n);
+  Status DoScale(float* data, size_t n, float scale, void* stream) const override {
     PSD_CHECK(CheckDevicePointer("Scale", "data", data, n * sizeof(float)));
     return cuda::LaunchScale(data, n, scale, ToStream(stream));
   }
 
-  Status Fill(float* data, size_t n, float value, void* stream) const override {
-    if (n == 0) return Status::Ok();
-    PSD_REQUIRE_ARG(data != nullptr, "Fill: data is null with n = ", n);
+  Status DoFill(float* data, size_t n, float value, void* stream) const override {
     PSD_CHECK(CheckDevicePointer("Fill", "data", data, n * sizeof(float)));
     return cuda::LaunchFill(data, n, value, ToStream(stream));
   }
 
-  Status Copy(void* dst, const void* src, size_t bytes, void* stream) const override {
-    if (bytes == 0 || dst == src) return Status::Ok();
-    PSD_REQUIRE_ARG(dst != nullptr, "Copy: dst is null with ", bytes, " bytes to copy");
-    PSD_REQUIRE_ARG(src != nullptr, "Copy: src is null with ", bytes, " bytes to copy");
-    const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-    PSD_REQUIRE_ARG(d + bytes <= s || s + bytes <= d, "Copy: dst and src overlap (", bytes,
-                    " bytes, ", d > s ? d - s : s - d,
-                    " bytes apart); expected disjoint ranges or dst == src");
-    // cudaMemcpyDefault: the runtime reads where each pointer lives (unified addressing), so
-    // device <-> device and host <-> device take the same call.
+  // cudaMemcpyDefault: the runtime reads where each pointer lives (unified addressing), so
+  // device <-> device and host <-> device take the same call.
+  Status DoCopy(void* dst, const void* src, size_t bytes, void* stream) const override {
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ToStream(stream)),
                       "Copy: cudaMemcpyAsync");
   }
 
-  Status Synchronize(void* stream) const override {
+  Status DoSynchronize(void* stream) const override {
     return CudaStatus(cudaStreamSynchronize(ToStream(stream)),
                       "Synchronize: cudaStreamSynchronize");
   }

@@ -17,8 +17,9 @@
 namespace poseidon {
 
 // The process-wide CUDA kernels (stateless; thread-safe). Usable without a GPU: every call
-// then fails with a Status carrying the CUDA error (or kInvalidArgument for bad arguments,
-// which are checked first).
+// with work to do then fails with a Status carrying the CUDA error; bad arguments are refused
+// first, by the contract's checks (kInvalidArgument, the CPU kernels' messages), and the empty
+// calls return Ok without a CUDA call (Allocate(0) too).
 const Kernels& CudaKernels();
 
 // What the last FusedResidualTopK call on a CudaKernels() workspace did, as far as its report

@@ -1,5 +1,6 @@
-// Internal: the host launchers of the CUDA kernels (topk.cu, elementwise.cu), called by
-// cuda_kernels.cc after it has validated the arguments. Plain C++ types only, so the .cc side
+// Internal: the host launchers of the CUDA kernels (topk.cu, scatter.cu, elementwise.cu),
+// called by cuda_kernels.cc's Do hooks once the contract's checks (kernels/contract.cc) and the
+// hook's own (workspace maker, device pointers) have passed. Plain C++ types only, so the .cc side
 // needs no CUDA headers beyond the runtime API.
 #pragma once
 

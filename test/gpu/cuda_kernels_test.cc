@@ -102,7 +102,7 @@ TEST(CudaKernelsArgs, OtherKernelsRejectBadArguments) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   s = Gpu().Pack({{nullptr, 8}}, f, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("parts[0] is null"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("parts[0].data is null"), std::string::npos) << s.message();
   // Empty calls are no-ops and need no GPU.
   EXPECT_TRUE(Gpu().ScatterAdd(nullptr, nullptr, 0, nullptr, 0, nullptr).ok());
   EXPECT_TRUE(Gpu().Pack({}, nullptr, nullptr).ok());

@@ -251,9 +251,10 @@ TEST_P(DeviceModelTest, MatchesTheCpuKernelEveryStepAndTakesTheCandidatePathInSt
     const std::vector<float> g = Gradient(c.shape, step, c.n, &rng);
     model.Step(g, &res_m, c.momentum ? &mom_m : nullptr, 0.9f, c.k, &idx_m, &val_m);
     ASSERT_FALSE(HasFatalFailure());
-    ASSERT_TRUE(cpu::FusedResidualTopK(g.data(), res_c.data(), c.momentum ? mom_c.data() : nullptr,
+    ASSERT_TRUE(CpuKernels()
+                    .FusedResidualTopK(g.data(), res_c.data(), c.momentum ? mom_c.data() : nullptr,
                                        c.momentum ? 0.9f : 0.0f, c.n, c.k, idx_c.data(),
-                                       val_c.data(), &ws)
+                                       val_c.data(), &ws, nullptr)
                     .ok());
     ASSERT_EQ(idx_m, idx_c) << "step " << step;
     for (size_t j = 0; j < c.k; ++j) {
@@ -365,7 +366,8 @@ TEST(ScatterAddBlocks, EqualsScatterAddBlockByBlockBitwise) {
   const std::vector<uint32_t> words = Blocks(idx, val);
   std::vector<float> want(n, 0.0f), got(n, 0.0f);
   for (int b = 0; b < world; ++b) {
-    ASSERT_TRUE(cpu::ScatterAdd(idx[b].data(), val[b].data(), k, want.data(), n).ok());
+    ASSERT_TRUE(
+        CpuKernels().ScatterAdd(idx[b].data(), val[b].data(), k, want.data(), n, nullptr).ok());
   }
   auto ws = CpuKernels().NewScatterWorkspace();
   ASSERT_TRUE(
