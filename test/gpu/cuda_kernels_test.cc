@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -147,6 +148,53 @@ TEST(CudaKernelsArgs, MemoryCallsRejectBadArguments) {
   ASSERT_TRUE(empty.ok()) << empty.status().ToString();
   EXPECT_EQ((*empty)->data(), nullptr);
   EXPECT_EQ((*empty)->memory(), MemoryKind::kDevice);
+}
+
+// The argument checks are Kernels' own (kernels/contract.cc), so both implementations refuse a
+// bad call with the same code and message.
+TEST(CudaKernelsArgs, RefusesWithTheCpuKernelsMessages) {
+  float* f = reinterpret_cast<float*>(0x1000);  // never dereferenced: checks come first
+  uint32_t* idx = reinterpret_cast<uint32_t*>(0x3000);
+  SgdParams sgd;
+  sgd.lr = -1.0f;
+  AdamParams adam;
+  adam.beta2 = 1.0f;
+  const std::vector<std::function<Status(const Kernels&)>> calls = {
+      [&](const Kernels& k) {
+        auto ws = k.NewWorkspace();
+        return k.FusedResidualTopK(f, f + 64, nullptr, 0.0f, 10, 11, idx, f + 128, ws.get(),
+                                   nullptr);
+      },
+      [&](const Kernels& k) {
+        return k.Cast(f, DType::kFloat32, f + 1, DType::kBFloat16, 4, nullptr);
+      },
+      [&](const Kernels& k) {
+        return k.Cast(nullptr, DType::kFloat16, nullptr, DType::kBFloat16, 0, nullptr);
+      },
+      [&](const Kernels& k) {
+        return k.Unpack(f, {{f + 8, 4}, {nullptr, 4}}, nullptr);
+      },
+      [&](const Kernels& k) { return k.ScatterAdd(idx, nullptr, 3, f, 10, nullptr); },
+      [&](const Kernels& k) {
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        return k.SufficientFactorGemm(f, f, 2, 3, 4, nan, 0.0f, f + 64, nullptr);
+      },
+      [&](const Kernels& k) { return k.SgdStep(f, f + 64, 1, 4, 1.0f, f, 4, sgd, nullptr); },
+      [&](const Kernels& k) { return k.AdamStep(f, f + 64, 1, 4, 1.0f, f, f, 4, adam, nullptr); },
+      [&](const Kernels& k) { return k.SumInto(nullptr, f, 2, 4, 4, nullptr); },
+      [&](const Kernels& k) {
+        auto ws = k.NewScatterWorkspace();
+        return k.ScatterAddBlocks(f, 2, 5, f + 64, 4, ws.get(), nullptr);
+      },
+      [&](const Kernels& k) { return k.Copy(f + 1, f, 64, nullptr); },
+  };
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Status cpu = calls[i](Cpu());
+    const Status gpu = calls[i](Gpu());
+    EXPECT_EQ(cpu.code(), StatusCode::kInvalidArgument) << "call " << i << ": " << cpu.ToString();
+    EXPECT_EQ(gpu.code(), cpu.code()) << "call " << i << ": " << gpu.ToString();
+    EXPECT_EQ(gpu.message(), cpu.message()) << "call " << i;
+  }
 }
 
 TEST(CudaKernelsNoGpu, AllocateFailsWithTheCudaError) {

@@ -191,6 +191,20 @@ TEST(Cast, SameTypeCopyAndErrors) {
   EXPECT_TRUE(K().Cast(nullptr, DType::kFloat32, nullptr, DType::kFloat16, 0, nullptr).ok());
 }
 
+// One rule whatever the count and the dtypes: an unsupported pair is refused even with nothing
+// to cast, and a copy (same dtype) must not partly overlap either (src == dst: nothing to do).
+TEST(Cast, PairCheckedWhenEmptyAndCopiesMustNotOverlap) {
+  const StatusCode kArg = StatusCode::kInvalidArgument;
+  EXPECT_TRUE(HasError(K().Cast(nullptr, DType::kFloat16, nullptr, DType::kBFloat16, 0, nullptr),
+                       kArg, {"float16 -> bfloat16 is not supported"}));
+  std::vector<float> f = {1, 2, 3, 4, 5};
+  EXPECT_TRUE(
+      HasError(K().Cast(f.data(), DType::kFloat32, f.data() + 1, DType::kFloat32, 4, nullptr), kArg,
+               {"float32 -> float32", "overlap"}));
+  ASSERT_TRUE(K().Cast(f.data(), DType::kFloat32, f.data(), DType::kFloat32, 5, nullptr).ok());
+  EXPECT_EQ(f, (std::vector<float>{1, 2, 3, 4, 5}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pack / Unpack
 
