@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "engine/timeline.h"
+#include "runtime/agreement.h"
 
 namespace poseidon::engine {
 
@@ -72,8 +73,7 @@ Status Controller::GatherErrors(StatusCode my_code, const std::string& my_error,
   }
   if (ranks.empty()) return Status::Ok();
   if (code == StatusCode::kOk) code = StatusCode::kInternal;
-  return Status(code, StrCat("Engine: failed on rank", ranks.size() > 1 ? "s " : " ",
-                             RankList(ranks), ": ", detail));
+  return Status(code, StrCat("Engine: failed on ", FormatRanks(ranks), ": ", detail));
 }
 
 Status Controller::GatherMismatch(const std::vector<Descriptor>& mine,

@@ -7,8 +7,10 @@
 #include <sstream>
 
 #include "collectives/layer.h"
+#include "runtime/agreement.h"
 #include "runtime/dtype.h"
 #include "runtime/hash.h"
+#include "runtime/or_agreement.h"
 
 namespace poseidon::engine {
 
@@ -66,46 +68,29 @@ NegotiationVector::NegotiationVector(int num_layers)
 
 void NegotiationVector::Clear() {
   std::fill(words_.begin(), words_.end(), 0);
-  // The complement of an empty mask: all ones in the used bits, so OR(~mask) stays exact.
-  for (int w = 0; w < MaskWordCount(); ++w) {
-    int bits = std::min(64, num_layers_ - 64 * w);
-    words_[static_cast<size_t>(MaskWordCount() + w)] =
-        bits == 64 ? ~0ull : ((1ull << bits) - 1);
-  }
+  or_agreement::ClearBits(&words_[0], &words_[static_cast<size_t>(MaskWordCount())],
+                          MaskWordCount(), num_layers_);
 }
 
 void NegotiationVector::SetReady(int layer, uint64_t hash) {
-  const uint64_t bit = 1ull << (layer % 64);
-  words_[static_cast<size_t>(layer / 64)] |= bit;
-  words_[static_cast<size_t>(MaskWordCount() + layer / 64)] &= ~bit;
-  words_[static_cast<size_t>(HashIndex(layer))] = hash;
-  words_[static_cast<size_t>(HashIndex(layer) + 1)] = ~hash;
+  or_agreement::SetBit(&words_[0], &words_[static_cast<size_t>(MaskWordCount())], layer);
+  or_agreement::PutValue(&words_[static_cast<size_t>(HashIndex(layer))], hash);
 }
 
 bool NegotiationVector::ReadySomewhere(int layer) const {
-  return (words_[static_cast<size_t>(layer / 64)] >> (layer % 64)) & 1;
+  return or_agreement::SetSomewhere(words_.data(), layer);
 }
 
 bool NegotiationVector::ReadyEverywhere(int layer) const {
-  // OR(~mask) has the bit clear only where every rank had the layer ready.
-  return !((words_[static_cast<size_t>(MaskWordCount() + layer / 64)] >> (layer % 64)) & 1);
+  return or_agreement::SetEverywhere(&words_[static_cast<size_t>(MaskWordCount())], layer);
 }
 
 bool NegotiationVector::HashAgrees(int layer) const {
-  const uint64_t h_or = words_[static_cast<size_t>(HashIndex(layer))];
-  const uint64_t not_h_or = words_[static_cast<size_t>(HashIndex(layer) + 1)];
-  return h_or == ~not_h_or;
+  return or_agreement::AllSame(&words_[static_cast<size_t>(HashIndex(layer))]);
 }
 
 std::vector<uint64_t> NegotiationVector::MaskWords() const {
   return std::vector<uint64_t>(words_.begin(), words_.begin() + MaskWordCount());
-}
-
-std::string RankList(const std::vector<int>& ranks) {
-  if (ranks.empty()) return "none";
-  std::ostringstream os;
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
-  return os.str();
 }
 
 namespace {
@@ -160,8 +145,8 @@ std::string DescribeMismatch(const std::vector<std::vector<Descriptor>>& per_ran
        << DifferingFields(distinct) << ":";
     first = false;
     for (size_t i = 0; i < distinct.size(); ++i) {
-      os << (i ? ";" : "") << " rank" << (ranks[i].size() > 1 ? "s " : " ")
-         << RankList(ranks[i]) << " submitted " << distinct[i].ToString();
+      os << (i ? ";" : "") << " " << FormatRanks(ranks[i]) << " submitted "
+         << distinct[i].ToString();
     }
   }
   // Layers waiting on some ranks only: usually the layer a rank skipped or reordered.
@@ -175,8 +160,8 @@ std::string DescribeMismatch(const std::vector<std::vector<Descriptor>>& per_ran
     for (int r = 0; r < world; ++r) {
       if (!have.count(r)) no.push_back(r);
     }
-    os << "; " << LayerLabel(static_cast<int>(layer), name) << " is waiting on ranks "
-       << RankList(yes) << " but was not submitted by ranks " << RankList(no);
+    os << "; " << LayerLabel(static_cast<int>(layer), name) << " is waiting on "
+       << FormatRanks(yes) << " but was not submitted by " << FormatRanks(no);
   }
   return os.str();
 }
@@ -193,8 +178,8 @@ std::string DescribeStall(const std::vector<std::vector<uint64_t>>& masks,
                    ((m[static_cast<size_t>(layer / 64)] >> (layer % 64)) & 1);
       (ready ? yes : no).push_back(static_cast<int>(r));
     }
-    os << (i ? "; " : "") << LayerLabel(layer, name) << " submitted on ranks " << RankList(yes)
-       << ", missing on ranks " << RankList(no);
+    os << (i ? "; " : "") << LayerLabel(layer, name) << " submitted on " << FormatRanks(yes)
+       << ", missing on " << FormatRanks(no);
   }
   return os.str();
 }

@@ -7,11 +7,13 @@
 //                      both the layers ready somewhere (OR) and ready everywhere (AND);
 //   3. flags           error, stall warn, stall abort, shutdown (any rank sets, all see);
 //   4. per layer       the hash of the waiting submission's descriptor (layer, step, count,
-//                      dtype, strategy, factors; no submission order: layers are matched by id) and its complement, or 0 / 0 when the
-//                      layer is not ready here. For a layer ready everywhere all ranks hashed a
-//                      descriptor, so OR(h) == ~OR(~h) = AND(h) holds exactly when every rank's
-//                      hash is equal. This is the "MAX of the value and of its negation" test
-//                      done bitwise, so one built-in reduction serves masks, flags and hashes.
+//                      dtype, strategy, factors; no submission order: layers are matched by
+//                      id) and its complement, or 0 / 0 when the layer is not ready here.
+//                      For a layer ready everywhere all ranks hashed a descriptor, so
+//                      OR(h) == ~OR(~h) holds exactly when every rank's hash is equal.
+// These are the encodings of runtime/or_agreement.h, the one agreement protocol Poseidon uses
+// (the collectives' argument check and the settings check at creation use it too), so one
+// built-in reduction serves masks, flags and hashes.
 // Everything after the reduction is decided from the reduced words alone, so every rank takes
 // the same decision in the same cycle (which layers run, in which order, whether to fail).
 //
@@ -86,19 +88,16 @@ class NegotiationVector {
 
 using LayerNamer = std::function<std::string(int layer)>;
 
-// "0,2,5" (or "none").
-std::string RankList(const std::vector<int>& ranks);
-
 // For layers ready everywhere whose hashes differ: groups the ranks by the descriptor they
 // submitted and names the differing fields, e.g.
-//   layer 3 (fc3): ranks disagree on the element count: ranks 0,2 submitted step 0 count 9 ...;
+//   layer 3 (fc3): ranks disagree on the element count: ranks 0, 2 submitted step 0 count 9 ...;
 //   rank 1 submitted step 0 count 8 ...
 // per_rank[r] holds every descriptor rank r has waiting (any layer). Also lists layers waiting
 // on some ranks only, since a skipped layer usually shows up there.
 std::string DescribeMismatch(const std::vector<std::vector<Descriptor>>& per_rank,
                              const std::vector<int>& mismatched_layers, const LayerNamer& name);
 
-// For stalled layers: "layer 2 (fc2) ready on ranks 0,2, missing on ranks 1". masks[r] holds
+// For stalled layers: "layer 2 (fc2) submitted on ranks 0, 2, missing on rank 1". masks[r] holds
 // rank r's ready mask words.
 std::string DescribeStall(const std::vector<std::vector<uint64_t>>& masks,
                           const std::vector<int>& layers, const LayerNamer& name);

@@ -17,6 +17,7 @@
 
 #include "runtime/hash.h"
 #include "runtime/mpi_backend.h"
+#include "runtime/or_agreement.h"
 #include "runtime/settings.h"
 
 namespace poseidon {
@@ -82,48 +83,6 @@ bool Deserialize(const char* data, size_t bytes, std::vector<AgreedValue>* value
   return r.AtEnd();
 }
 
-// "rank 3", "ranks 1-3", "ranks 0, 2, 4-6"; ranks ascending.
-std::string RankList(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i > 0) out += ", ";
-    out += std::to_string(ranks[i]);
-    if (j > i) out += StrCat("-", ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-// "rank 0: 0; ranks 1-3: 4194304": one group per distinct value, in order of its lowest rank.
-// A value a rank does not hold at all reads "(absent)", an empty one "''".
-std::string Groups(const std::vector<std::optional<std::string>>& per_rank) {
-  std::vector<std::pair<std::optional<std::string>, std::vector<int>>> groups;
-  for (int r = 0; r < static_cast<int>(per_rank.size()); ++r) {
-    auto it = groups.begin();
-    while (it != groups.end() && it->first != per_rank[r]) ++it;
-    if (it == groups.end()) {
-      groups.push_back({per_rank[r], {r}});
-    } else {
-      it->second.push_back(r);
-    }
-  }
-  std::string out;
-  for (size_t g = 0; g < groups.size() && g < kMaxGroupsShown; ++g) {
-    if (g > 0) out += "; ";
-    const auto& value = groups[g].first;
-    out += StrCat(RankList(groups[g].second), ": ",
-                  !value           ? "(absent)"
-                  : value->empty() ? "''"
-                                   : *value);
-  }
-  if (groups.size() > kMaxGroupsShown) {
-    out += StrCat("; and ", groups.size() - kMaxGroupsShown, " more values");
-  }
-  return out;
-}
-
 // The kMismatch every rank returns, written from every rank's list alike.
 Status DescribeMismatch(const std::vector<std::vector<AgreedValue>>& lists, const char* call) {
   const int size = static_cast<int>(lists.size());
@@ -143,7 +102,8 @@ Status DescribeMismatch(const std::vector<std::vector<AgreedValue>>& lists, cons
   }
   if (length_differs) {
     parts.push_back(
-        StrCat("the number of agreed values differs across ranks (", Groups(lengths), ")"));
+        StrCat("the number of agreed values differs across ranks (", GroupRanksByValue(lengths),
+               ")"));
   }
   std::vector<std::string> settable;  // differing names every rank holds: mpirun -x fixes them
   for (const auto& name : names) {
@@ -162,7 +122,7 @@ Status DescribeMismatch(const std::vector<std::vector<AgreedValue>>& lists, cons
       everywhere = everywhere && per_rank[r].has_value();
     }
     if (!differs) continue;
-    parts.push_back(StrCat(name, " differs across ranks (", Groups(per_rank), ")"));
+    parts.push_back(StrCat(name, " differs across ranks (", GroupRanksByValue(per_rank), ")"));
     if (everywhere && name.rfind("POSEIDON_", 0) == 0) settable.push_back(name);
   }
   if (parts.empty()) {
@@ -174,7 +134,8 @@ Status DescribeMismatch(const std::vector<std::vector<AgreedValue>>& lists, cons
       orders.push_back(seq);
     }
     parts.push_back(
-        StrCat("the agreed values come in a different order across ranks (", Groups(orders), ")"));
+        StrCat("the agreed values come in a different order across ranks (",
+               GroupRanksByValue(orders), ")"));
   }
   std::string message = StrCat(call, ": ");
   for (size_t i = 0; i < parts.size(); ++i) message += StrCat(i ? "; " : "", parts[i]);
@@ -225,6 +186,47 @@ std::string Canonical(const SettingInfo& info, const std::string& text) {
 
 }  // namespace
 
+std::string FormatRanks(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "no rank";
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i > 0) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += StrCat("-", ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string GroupRanksByValue(const std::vector<std::optional<std::string>>& per_rank) {
+  std::vector<std::pair<std::optional<std::string>, std::vector<int>>> groups;
+  for (int r = 0; r < static_cast<int>(per_rank.size()); ++r) {
+    auto it = groups.begin();
+    while (it != groups.end() && it->first != per_rank[r]) ++it;
+    if (it == groups.end()) {
+      groups.push_back({per_rank[r], {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  std::string out;
+  for (size_t g = 0; g < groups.size() && g < kMaxGroupsShown; ++g) {
+    if (g > 0) out += "; ";
+    const auto& value = groups[g].first;
+    out += StrCat(FormatRanks(groups[g].second), ": ",
+                  !value           ? "(absent)"
+                  : value->empty() ? "''"
+                                   : *value);
+  }
+  if (groups.size() > kMaxGroupsShown) {
+    out += StrCat("; and ", groups.size() - kMaxGroupsShown, " more values");
+  }
+  return out;
+}
+
+
 uint64_t HashAgreedValues(const std::vector<AgreedValue>& values) {
   std::string bytes = Serialize(values);
   return Fnv1a(bytes.data(), bytes.size());
@@ -246,23 +248,18 @@ Status AgreeOnValues(MPI_Comm comm, const std::vector<AgreedValue>& values, cons
   MPI_Comm_size(comm, &size);
   const std::string mine = Serialize(values);
 
-  // Round 1: (length, hash) from every rank.
-  uint64_t pair[2] = {values.size(), Fnv1a(mine.data(), mine.size())};
-  std::vector<uint64_t> pairs(2 * static_cast<size_t>(size));
-  int rc = MPI_Allgather(pair, 2, MPI_UINT64_T, pairs.data(), 2, MPI_UINT64_T, comm);
-  if (rc != MPI_SUCCESS) {
-    return MpiError(StrCat(call, ": MPI_Allgather(agreed values hash)").c_str(), rc);
-  }
-  bool same = true;
-  for (int r = 1; r < size; ++r) {
-    same = same && pairs[2 * r] == pairs[0] && pairs[2 * r + 1] == pairs[1];
-  }
-  if (same) return Status::Ok();
+  // Round 1 (runtime/or_agreement.h): the list's length and hash as values.
+  uint64_t words[4];
+  or_agreement::PutValue(&words[0], values.size());
+  or_agreement::PutValue(&words[2], Fnv1a(mine.data(), mine.size()));
+  Status reduced = or_agreement::OrAllReduce(comm, words, 4, MpiWait{}, nullptr);
+  if (!reduced.ok()) return reduced.WithPrefix(StrCat(call, ": agreed values hash: "));
+  if (or_agreement::AllSame(&words[0]) && or_agreement::AllSame(&words[2])) return Status::Ok();
 
   // Round 2: every rank's list, so that every rank can name what differs where.
   int my_bytes = mine.size() > static_cast<size_t>(INT_MAX) ? -1 : static_cast<int>(mine.size());
   std::vector<int> bytes(static_cast<size_t>(size));
-  rc = MPI_Allgather(&my_bytes, 1, MPI_INT, bytes.data(), 1, MPI_INT, comm);
+  int rc = MPI_Allgather(&my_bytes, 1, MPI_INT, bytes.data(), 1, MPI_INT, comm);
   if (rc != MPI_SUCCESS) {
     return MpiError(StrCat(call, ": MPI_Allgather(agreed values sizes)").c_str(), rc);
   }

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,8 @@ struct AgreedValue {
 
 // Collective over comm: every rank calls it, with its own values, before any other collective
 // on comm. Ok when every rank passed the same list (same names and values, in the same order).
-// Costs one MPI_Allgather of 16 bytes per rank (the list's length and its hash); only when they
-// differ, a second round (MPI_Allgather of lengths, MPI_Allgatherv of the lists) gathers every
+// Costs one bitwise-OR allreduce of four words (the list's length and its hash as agreed values,
+// runtime/or_agreement.h); only when they differ, a second round (MPI_Allgather of lengths, MPI_Allgatherv of the lists) gathers every
 // rank's list, so that every rank returns the same kMismatch naming each differing value with
 // its ranks grouped by value, e.g.
 //   "Communicator::Create: POSEIDON_FUSION_BYTES differs across ranks (rank 0: 0; ranks 1-3:
@@ -38,6 +39,14 @@ Status AgreeOnValues(MPI_Comm comm, const std::vector<AgreedValue>& values, cons
 // shortest double text that reads back exactly), so that "4M" and "4194304" agree; a value
 // that does not parse is kept as written (Settings::Validate reports it).
 std::vector<AgreedValue> AgreedSettings();
+
+// How every cross-rank error names ranks: "rank 3", "ranks 1-3", "ranks 0, 2, 4-6" (ranks
+// ascending), "no rank" for none.
+std::string FormatRanks(const std::vector<int>& ranks);
+// "rank 0: 0; ranks 1-3: 4194304": per_rank[r] is rank r's value; one group per distinct value,
+// in order of its lowest rank, at most 8 groups shown (then "; and N more values"). A value a
+// rank does not hold at all (nullopt) reads "(absent)", an empty one "''".
+std::string GroupRanksByValue(const std::vector<std::optional<std::string>>& per_rank);
 
 // 64-bit FNV-1a hash of a list (its length, then each name and value, length-prefixed).
 uint64_t HashAgreedValues(const std::vector<AgreedValue>& values);

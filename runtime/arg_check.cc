@@ -3,9 +3,12 @@
 #include <array>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "runtime/agreement.h"
 #include "runtime/hash.h"
+#include "runtime/or_agreement.h"
 
 namespace poseidon {
 
@@ -54,23 +57,15 @@ ArgRecord FromFields(const std::array<int64_t, kFields>& f) {
   return r;
 }
 
+// "element count differs across ranks (ranks 0-2: 10; rank 3: 12)".
 std::string RanksWith(const std::vector<ArgRecord>& all, int64_t ArgRecord::*field,
                       const char* what, bool as_dtype) {
-  std::string out;
-  int shown = 0;
-  for (size_t r = 0; r < all.size() && shown < 8; ++r) {
-    // Show every rank whose value differs from rank 0's, and rank 0 itself.
-    if (r != 0 && all[r].*field == all[0].*field) continue;
-    if (!out.empty()) out += ", ";
-    out += StrCat("rank ", r, ": ");
-    if (as_dtype) {
-      out += DTypeName(static_cast<DType>(all[r].*field));
-    } else {
-      out += std::to_string(all[r].*field);
-    }
-    ++shown;
+  std::vector<std::optional<std::string>> values;
+  for (const ArgRecord& r : all) {
+    values.push_back(as_dtype ? std::string(DTypeName(static_cast<DType>(r.*field)))
+                              : std::to_string(r.*field));
   }
-  return StrCat(what, " differs across ranks (", out, ")");
+  return StrCat(what, " differs across ranks (", GroupRanksByValue(values), ")");
 }
 
 bool Differs(const std::vector<ArgRecord>& all, int64_t ArgRecord::*field) {
@@ -117,32 +112,32 @@ Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wai
   MPI_Comm_size(comm, &size);
   // Everything MPI reads or writes lives here, on the heap: an interrupted exchange leaves its
   // request to MPI, which may still write these bytes after this function has returned.
+  // Round 1 (runtime/or_agreement.h): the four compared fields as values, "my arguments are
+  // bad" as a flag, in one bitwise-OR allreduce.
+  constexpr int kCompared = kFields - 1;
   struct Exchange {
     std::array<int64_t, kFields> mine;
-    std::array<int64_t, 2 * kFields> both;
+    std::array<uint64_t, 2 * kCompared + 1> words;
     std::vector<std::array<int64_t, kFields>> all;
     char msg[kMsgLen] = {0};
     std::vector<char> msgs;
   };
   auto x = std::make_shared<Exchange>();
   std::array<int64_t, kFields>& mine = x->mine;
-  std::array<int64_t, 2 * kFields>& both = x->both;
+  std::array<uint64_t, 2 * kCompared + 1>& words = x->words;
   mine = Fields(RecordOf(args));
-  for (int i = 0; i < kFields; ++i) {
-    both[i] = mine[i];
-    both[kFields + i] = mine[i] == INT64_MIN ? INT64_MAX : -mine[i];
+  for (int i = 0; i < kCompared; ++i) {
+    or_agreement::PutValue(&words[2 * i], static_cast<uint64_t>(mine[i]));
   }
-  Status exchanged = RunMpi(how, "MPI_Allreduce", x, [&](MPI_Request* r) {
-    return r ? MPI_Iallreduce(MPI_IN_PLACE, both.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm, r)
-             : MPI_Allreduce(MPI_IN_PLACE, both.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm);
-  });
+  words[2 * kCompared] = static_cast<uint64_t>(mine[kCompared]);  // bad
+  Status exchanged = or_agreement::OrAllReduce(comm, words.data(), words.size(), how, x);
   if (exchanged.code() == StatusCode::kBackendError) {
     return BackendError(args.call, ": the argument check failed: ", exchanged.message());
   }
   PSD_CHECK(exchanged);
   bool agree = true;
-  for (int i = 0; i < 4; ++i) agree = agree && (both[i] == -both[kFields + i]);
-  bool any_bad = both[4] != 0;
+  for (int i = 0; i < kCompared; ++i) agree = agree && or_agreement::AllSame(&words[2 * i]);
+  const bool any_bad = words[2 * kCompared] != 0;
   if (agree && !any_bad) return Status::Ok();
 
   // Error path: gather every rank's values and messages so all ranks report the same cause.

@@ -1,8 +1,8 @@
 // Cross-rank agreement on a collective's arguments, so that one rank's bad argument or a
 // disagreement fails the call on every rank instead of leaving the others waiting.
 //
-// One MPI_Allreduce (MAX over values and their negations) of a handful of int64 compares
-// count, dtype, root and a hash of the shard layout and ORs a "my arguments are bad" flag.
+// One bitwise-OR allreduce of nine words (runtime/or_agreement.h: count, dtype, root and a hash
+// of the shard layout as values, a "my arguments are bad" flag) compares the call's arguments.
 // Only on failure does a second exchange gather every rank's values and messages, so the error
 // names the ranks and values that differ. Ranks that share a node check the same descriptor
 // through the shared-memory window instead (ShmCollectives), folded into the collective's first

@@ -50,10 +50,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 
+#include "runtime/agreement.h"
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
+#include "runtime/or_agreement.h"
 #include "runtime/shm_reduce.h"
 #include "runtime/shard.h"
 
@@ -113,14 +116,21 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   s->srcs_.resize(static_cast<size_t>(size));
   s->timeout_s_ = timeout_s;
 
-  // Agree on the chunk size and on its validity before anyone allocates.
-  long long mine[2] = {static_cast<long long>(chunk_bytes), -static_cast<long long>(chunk_bytes)};
-  long long agreed[2];
-  rc = MPI_Allreduce(mine, agreed, 2, MPI_LONG_LONG, MPI_MAX, s->local_);
-  if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Allreduce(chunk bytes)", rc);
-  if (agreed[0] != -agreed[1]) {
+  // Agree on the chunk size before anyone allocates (runtime/or_agreement.h).
+  uint64_t chunk[2];
+  or_agreement::PutValue(chunk, chunk_bytes);
+  PSD_CHECK(or_agreement::OrAllReduce(s->local_, chunk, 2, MpiWait{nullptr, "ShmCollectives::Create"},
+                                      nullptr));
+  if (!or_agreement::AllSame(chunk)) {
+    // Rare: gather every rank's value to name them.
+    const uint64_t mine = chunk_bytes;
+    std::vector<uint64_t> all(static_cast<size_t>(size));
+    rc = MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, s->local_);
+    if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Allgather(chunk bytes)", rc);
+    std::vector<std::optional<std::string>> values;
+    for (uint64_t v : all) values.push_back(std::to_string(v));
     return MismatchError("ShmCollectives: POSEIDON_SHM_CHUNK_BYTES differs across ranks (",
-                         -agreed[1], " .. ", agreed[0], "); expected the same value on every rank");
+                         GroupRanksByValue(values), "); expected the same value on every rank");
   }
   PSD_REQUIRE_ARG(chunk_bytes >= kMinChunkBytes, "ShmCollectives: POSEIDON_SHM_CHUNK_BYTES is ",
                   chunk_bytes, "; expected at least ", kMinChunkBytes);

@@ -15,6 +15,29 @@ namespace {
 std::shared_ptr<Communicator> g_world;
 }
 std::shared_ptr<Communicator> World() { return g_world; }
+
+std::string Ranks(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  size_t i = 0;
+  while (i < ranks.size()) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (i ? ", " : "") + std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string OneOddGroups(int odd, const std::string& value, const std::string& odd_value) {
+  std::vector<int> rest;
+  for (int r = 0; r < World()->size(); ++r) {
+    if (r != odd) rest.push_back(r);
+  }
+  std::string odd_group = Ranks({odd}) + ": " + odd_value;
+  std::string rest_group = Ranks(rest) + ": " + value;
+  return odd == 0 ? odd_group + "; " + rest_group : rest_group + "; " + odd_group;
+}
 }  // namespace poseidon::testing
 
 int main(int argc, char** argv) {

@@ -114,7 +114,7 @@ TEST(Messages, MismatchNamesLayerFieldAndRanks) {
   std::vector<std::vector<Descriptor>> per_rank = {{D(1, 1, 32)}, {D(1, 1, 31)}, {D(1, 1, 32)}};
   std::string m = DescribeMismatch(per_rank, {1}, Name);
   EXPECT_EQ(m,
-            "layer 1 (fc1): ranks disagree on the element count: ranks 0,2 submitted step 1 "
+            "layer 1 (fc1): ranks disagree on the element count: ranks 0, 2 submitted step 1 "
             "count 32 float32 allreduce; rank 1 submitted step 1 count 31 float32 allreduce");
 }
 
@@ -126,7 +126,7 @@ TEST(Messages, MismatchNamesTheStepAndListsLayersWaitingOnSomeRanks) {
             std::string::npos)
       << m;
   EXPECT_NE(m.find("rank 1 submitted step 3"), std::string::npos) << m;
-  EXPECT_NE(m.find("layer 1 (fc1) is waiting on ranks 0 but was not submitted by ranks 1"),
+  EXPECT_NE(m.find("layer 1 (fc1) is waiting on rank 0 but was not submitted by rank 1"),
             std::string::npos)
       << m;
 }
@@ -214,9 +214,8 @@ TEST(Messages, StallListsPresentAndMissingRanks) {
   masks[0][1] = masks[3][1] = 1ull << 1;
   masks[2][0] = 1;
   EXPECT_EQ(DescribeStall(masks, {65, 0}, Name),
-            "layer 65 (fc65) submitted on ranks 0,3, missing on ranks 1,2; "
-            "layer 0 (fc0) submitted on ranks 2, missing on ranks 0,1,3");
-  EXPECT_EQ(RankList({}), "none");
+            "layer 65 (fc65) submitted on ranks 0, 3, missing on ranks 1-2; "
+            "layer 0 (fc0) submitted on rank 2, missing on ranks 0-1, 3");
 }
 
 std::vector<WorkItem> Items(std::vector<std::pair<size_t, bool>> spec) {

@@ -22,6 +22,8 @@
 namespace poseidon {
 namespace {
 
+using testing::OneOddGroups;
+using testing::Ranks;
 using testing::World;
 
 int Rank() { return World()->rank(); }
@@ -50,32 +52,6 @@ void ExpectSameOnEveryRank(const std::string& text) {
   MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
   EXPECT_EQ(lo, hi) << "rank " << Rank() << " has another text: " << text;
-}
-
-// Written here independently of the library: "rank 3", "ranks 0-2", "ranks 0-1, 3-4".
-std::string Ranks(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  size_t i = 0;
-  while (i < ranks.size()) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += (i ? ", " : "") + std::to_string(ranks[i]);
-    if (j > i) out += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-// The groups for one odd rank holding `odd_value` and the others `value`, in order of lowest
-// rank, e.g. "ranks 0-1, 3-4: 4194304; rank 2: 0".
-std::string OneOddGroups(int odd, const std::string& value, const std::string& odd_value) {
-  std::vector<int> rest;
-  for (int r = 0; r < Size(); ++r) {
-    if (r != odd) rest.push_back(r);
-  }
-  std::string odd_group = Ranks({odd}) + ": " + odd_value;
-  std::string rest_group = Ranks(rest) + ": " + value;
-  return odd == 0 ? odd_group + "; " + rest_group : rest_group + "; " + odd_group;
 }
 
 // The rank that differs for the i-th case: the last, the first, then one in the middle.
