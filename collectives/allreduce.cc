@@ -37,10 +37,6 @@ class AllReduce final : public Strategy {
 
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                   int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
-    if (Status st = strategy_internal::CheckBuffers("Exchange(allreduce)", layer, buf);
-        !st.ok()) {
-      return strategy_internal::FailTogether(ctx, st);
-    }
     auto* s = static_cast<DenseState*>(state);
     PSD_CHECK(strategy_internal::BeforeCollective(
         ctx, [&] { return strategy_internal::FormGradientFromFactors(layer, buf, ctx); }));
@@ -49,10 +45,6 @@ class AllReduce final : public Strategy {
 
   Status FinishSum(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                    const StrategyContext& ctx) const override {
-    if (Status st = strategy_internal::CheckBuffers("FinishSum(allreduce)", layer, buf);
-        !st.ok()) {
-      return st;
-    }
     return strategy_internal::FinishDenseSum(layer, &static_cast<DenseState*>(state)->opt, buf,
                                              ctx);
   }

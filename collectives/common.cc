@@ -78,7 +78,7 @@ std::vector<float> OptimizerState::second() const {
   return kernels_ ? second_.Download<float>(*kernels_, n_, stream_) : std::vector<float>();
 }
 
-Status CheckSubmission(const LayerSpec& layer, const ExchangeBuffers& buf) {
+Status CheckSubmission(const LayerSpec& layer, StrategyKind strategy, const ExchangeBuffers& buf) {
   const size_t n = layer.NumElements();
   const bool fc = layer.kind == LayerKind::kFullyConnected;
   PSD_REQUIRE_ARG(n == 0 || buf.grad != nullptr, "layer '", layer.name,
@@ -96,6 +96,12 @@ Status CheckSubmission(const LayerSpec& layer, const ExchangeBuffers& buf) {
   PSD_REQUIRE_ARG(fc || buf.batch == 0, "layer '", layer.name, "' is ",
                   LayerKindName(layer.kind), ": batch ", buf.batch,
                   " without factors; expected 0");
+  // sfb exchanges the factors and rebuilds grad from them: a dense gradient alone would be
+  // overwritten, not sent. (Null factors with batch 0: this rank has no rows.)
+  PSD_REQUIRE_ARG(strategy != StrategyKind::kSfb || buf.batch == 0 ||
+                      (buf.u != nullptr && buf.v != nullptr),
+                  "layer '", layer.name, "' is planned as sfb but no factors were given for a ",
+                  "batch of ", buf.batch, " rows; expected u and v (batch x M, batch x N)");
   return Status::Ok();
 }
 
@@ -114,11 +120,6 @@ double FormGradientTime(const LayerSpec& layer, size_t batch, const CostModel& m
   if (layer.kind != LayerKind::kFullyConnected) return 0;
   return model.GemmTime(2.0 * static_cast<double>(batch) * static_cast<double>(layer.rows()) *
                         static_cast<double>(layer.cols()));
-}
-
-Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf) {
-  Status s = CheckSubmission(layer, buf);
-  return s.ok() ? s : s.WithPrefix(StrCat(call, ": "));
 }
 
 Status FailTogether(const StrategyContext& ctx, const Status& local) {

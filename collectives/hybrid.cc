@@ -117,10 +117,20 @@ Result<LayerState*> HybridCollective::StateFor(int id) {
 
 Status HybridCollective::Exchange(int id, const ExchangeBuffers& buffers, int64_t step) {
   PSD_CHECK(CheckId("Exchange", id));
-  PSD_REQUIRE(plan_.has_value(), StatusCode::kInvalidArgument, "Exchange: layer ",
-              layers_[static_cast<size_t>(id)].spec.name,
+  const Layer& l = layers_[static_cast<size_t>(id)];
+  PSD_REQUIRE(plan_.has_value(), StatusCode::kInvalidArgument, "Exchange: layer ", l.spec.name,
               ": no plan; call BuildPlan after registering every layer");
   PSD_REQUIRE_ARG(step >= 0, "Exchange: step ", step, " is negative; expected >= 0");
+  const StrategyKind kind = strategy(id);
+  if (Status st = CheckSubmission(l.spec, kind, buffers); !st.ok()) {
+    return strategy_internal::FailTogether(ctx_, st.WithPrefix("Exchange: "))
+        .WithPrefix(StrCat("while exchanging layer ", l.spec.name, " with ", StrategyName(kind),
+                           ": "));
+  }
+  return ExchangeChecked(id, buffers, step);
+}
+
+Status HybridCollective::ExchangeChecked(int id, const ExchangeBuffers& buffers, int64_t step) {
   Layer& l = layers_[static_cast<size_t>(id)];
   const StrategyKind kind = strategy(id);
   const Strategy& s = GetStrategy(kind);

@@ -123,16 +123,23 @@ class HybridCollective {
   const CostModel& cost_model() const { return model_; }
   StrategyKind strategy(int id) const;
 
-  // Exchanges one layer with its planned strategy (see ExchangeBuffers for the buffers).
+  // Exchanges one layer with its planned strategy (see ExchangeBuffers for the buffers). The
+  // id, the plan, the step and the buffers (CheckSubmission) are checked first; a refused
+  // buffer on one rank also fails the peers' exchange (Backend::FailTogether) instead of
+  // leaving them waiting for this rank.
   Status Exchange(int id, const ExchangeBuffers& buffers, int64_t step);
+  // Exchange without those checks, for a caller that ran them on every submission itself and
+  // made every rank fail on a refusal (the engine: Engine::Submit), so that they run once.
+  Status ExchangeChecked(int id, const ExchangeBuffers& buffers, int64_t step);
 
   // Sums a batch of dense layer parts over ranks in one collective (fused), in place, or as a
   // chunk pipeline, then runs each finished layer's tail: bitwise what Exchange gives for each
   // layer alone, however the layers are fused, sliced or chunked. Collective: every rank passes
   // the same kind and the same part sizes (the engine agreed on them, so the backend's argument
   // agreement is skipped). A failure of the collective fails every part; a tail failure only its
-  // part. The engine's entry point; local errors of one rank are reported per part, and the
-  // rank still takes part in the collective, so the peers are never left waiting.
+  // part. The engine's entry point: the parts' buffers are checked by its caller, as for
+  // ExchangeChecked; local errors of one rank are reported per part, and the rank still takes
+  // part in the collective, so the peers are never left waiting.
   DenseBatchReport ExchangeDense(const DenseBatch& batch);
   // The same, into a report the caller keeps across calls (its vectors keep their capacity:
   // the engine's cached rounds allocate nothing per step).

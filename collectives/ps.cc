@@ -58,13 +58,12 @@ class Ps final : public Strategy {
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                   int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(ps)";
-    Status args = layer.optimizer.enabled()
-                      ? strategy_internal::CheckBuffers(call, layer, buf)
-                      : InvalidArgument(call, ": layer ", layer.name,
-                                        " has no optimizer; ps updates parameters on the shard "
-                                        "owner, so it needs one (use allreduce to average "
-                                        "gradients)");
-    if (!args.ok()) return strategy_internal::FailTogether(ctx, args);
+    if (!layer.optimizer.enabled()) {
+      return strategy_internal::FailTogether(
+          ctx, InvalidArgument(call, ": layer ", layer.name,
+                               " has no optimizer; ps updates parameters on the shard owner, so "
+                               "it needs one (use allreduce to average gradients)"));
+    }
     auto* s = static_cast<PsState*>(state);
     const size_t n = layer.NumElements();
     const int world = ctx.backend->size();

@@ -58,18 +58,12 @@ class Sfb final : public Strategy {
                   int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(sfb)";
     const size_t kmax = buf.max_batch == 0 ? buf.batch : buf.max_batch;
-    Status args = strategy_internal::CheckBuffers(call, layer, buf);
-    if (args.ok() && buf.batch > kmax) {
-      args = InvalidArgument(call, ": layer ", layer.name, ": batch ", buf.batch,
-                             " exceeds max_batch ", kmax,
-                             "; expected batch <= max_batch (the planned K)");
+    if (buf.batch > kmax) {
+      return strategy_internal::FailTogether(
+          ctx, InvalidArgument(call, ": layer ", layer.name, ": batch ", buf.batch,
+                               " exceeds max_batch ", kmax,
+                               "; expected batch <= max_batch (the planned K)"));
     }
-    if (args.ok() && buf.batch > 0 && (buf.u == nullptr || buf.v == nullptr)) {
-      args =
-          InvalidArgument(call, ": layer ", layer.name, ": ", buf.u == nullptr ? "u" : "v",
-                          " is null with batch ", buf.batch, "; sfb needs both sufficient factors");
-    }
-    if (!args.ok()) return strategy_internal::FailTogether(ctx, args);
     auto* s = static_cast<SfbState*>(state);
     const size_t m = layer.rows(), n = layer.cols();
     const int world = ctx.backend->size();

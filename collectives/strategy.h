@@ -48,13 +48,15 @@ struct ExchangeBuffers {
   size_t max_batch = 0;
 };
 
-// The local checks of one submission of `layer`'s buffers: what only the submitting rank can
-// see (the engine and the backends check agreement across ranks). The one copy behind the
-// strategies' Exchange, Engine::Submit and psdSubmit. Refused: a null grad (a null params when
-// the layer has an optimizer) for a non-empty layer; one factor of u, v without the other for
-// a batch of rows; factors for a layer that is not fully connected; a batch without factors
-// on such a layer. The message names the layer, the argument and what was expected.
-Status CheckSubmission(const LayerSpec& layer, const ExchangeBuffers& buf);
+// The local checks of one submission of `layer`'s buffers, planned as `strategy`: what only the
+// submitting rank can see (the engine and the backends check agreement across ranks). Run once
+// per submission: by Engine::Submit (psdSubmit and the Python module go through it) or, for a
+// direct caller, by HybridCollective::Exchange; the strategies do not repeat it. Refused: a
+// null grad (a null params when the layer has an optimizer) for a non-empty layer; one factor
+// of u, v without the other for a batch of rows; factors for a layer that is not fully
+// connected; a batch without factors on such a layer; a layer planned as sfb without factors
+// for a batch of rows. The message names the layer, the argument and what was expected.
+Status CheckSubmission(const LayerSpec& layer, StrategyKind strategy, const ExchangeBuffers& buf);
 
 // Everything a strategy runs on.
 struct StrategyContext {
@@ -128,14 +130,17 @@ class Strategy {
                                                        const StrategyContext& ctx) const = 0;
 
   // One synchronous exchange. `step` is the 0-based training step (top-k warm-up counts it).
+  // The caller has checked the buffers (CheckSubmission); a strategy checks only what is its
+  // own (ps: an optimizer; sfb: batch <= max_batch).
   virtual Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                           int64_t step, const StrategyContext& ctx,
                           ExchangeReport* report) const = 0;
 
   // The local tail of an exchange whose sum over ranks someone else computed (the engine's
   // fusion buffer or chunks): buf.grad holds the sum; apply the average or the optimizer step
-  // exactly as Exchange would have. Only the dense allreduce has such a tail; the others
-  // return kUnimplemented. Local: no communication.
+  // exactly as Exchange would have (the buffers checked by the caller, as for Exchange). Only
+  // the dense allreduce has such a tail; the others return kUnimplemented. Local: no
+  // communication.
   virtual Status FinishSum(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                            const StrategyContext& ctx) const;
 };
@@ -197,9 +202,6 @@ const Strategy& SfbStrategy();
 const Strategy& TopkStrategy();
 // k = ceil(density * n) (or the layer's explicit k), at least 1 for n > 0.
 size_t TopkCount(const LayerSpec& layer);
-// CheckSubmission prefixed with the strategy call: every strategy needs grad (the input, or
-// for sfb the output its GEMM rebuilds into).
-Status CheckBuffers(const char* call, const LayerSpec& layer, const ExchangeBuffers& buf);
 // Returns `local` (an argument error found on this rank alone) after making the peers' next
 // collective fail too (Backend::FailTogether) instead of leaving them waiting for this rank.
 Status FailTogether(const StrategyContext& ctx, const Status& local);

@@ -120,9 +120,6 @@ class Topk final : public Strategy {
   Status Exchange(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                   int64_t step, const StrategyContext& ctx, ExchangeReport* report) const override {
     const char* call = "Exchange(topk)";
-    if (Status st = strategy_internal::CheckBuffers(call, layer, buf); !st.ok()) {
-      return strategy_internal::FailTogether(ctx, st);
-    }
     auto* s = static_cast<TopkState*>(state);
     s->Touch();
     PSD_CHECK(strategy_internal::BeforeCollective(

@@ -196,6 +196,19 @@ HandlePtr Engine::Submit(int layer, float* grad, size_t count, int64_t step, Don
 }
 
 HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallback done) {
+  return Enqueue("Engine::Submit", layer, g, step, std::move(done), nullptr);
+}
+
+Result<HandlePtr> Engine::TrySubmit(const char* call, int layer, const Gradient& g, int64_t step,
+                                    DoneCallback done) {
+  Status refused;
+  HandlePtr h = Enqueue(call, layer, g, step, std::move(done), &refused);
+  if (h == nullptr) return refused;
+  return h;
+}
+
+HandlePtr Engine::Enqueue(const char* call, int layer, const Gradient& g, int64_t step,
+                          DoneCallback done, Status* refused) {
   auto h = std::make_shared<Handle>(layer, step, SharedLayerName(layer));
   h->link_ = link_;
   h->callback_ = std::move(done);
@@ -203,13 +216,15 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
   // queued there so far has run) and make the handle's completion event. Only the recording
   // happens here: the host never waits for the device in Submit.
   std::unique_ptr<engine::Event> ready;
-  // Local checks: what only this rank can see. Agreement (count, dtype, order) is checked
-  // across ranks by the engine, so that the error names every side.
+  // Local checks: what only this rank can see, the one place they run for a submission (the
+  // collective's exchange does not repeat them: RunStrategy calls ExchangeChecked). Agreement
+  // (count, dtype, order) is checked across ranks by the engine, so that the error names every
+  // side. `err` names no call: the refusal's own message does.
   std::string err;
   const bool in_range = layer >= 0 && layer < num_layers_;
   if (!in_range) {
-    err = StrCat("Engine::Submit: layer id ", layer, " is out of range; expected 0..",
-                 num_layers_ - 1, " (the layers registered with the HybridCollective)");
+    err = StrCat("layer id ", layer, " is out of range; expected 0..", num_layers_ - 1,
+                 " (the registered layers)");
   } else {
     ExchangeBuffers buf;
     buf.grad = static_cast<float*>(g.data);
@@ -217,13 +232,21 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
     buf.u = g.u;
     buf.v = g.v;
     buf.batch = g.batch;
-    if (Status s = CheckSubmission(hc_->layer(layer), buf); !s.ok()) {
-      err = StrCat("Engine::Submit: layer ", layer, " step ", step, ": ", s.message());
+    const StrategyKind kind = layer_strategy_[static_cast<size_t>(layer)];
+    if (Status s = CheckSubmission(hc_->layer(layer), kind, buf); !s.ok()) {
+      err = StrCat("layer ", layer, " step ", step, ": ", s.message());
+    } else if (kind == StrategyKind::kSfb && (g.u == nullptr || g.v == nullptr)) {
+      // Left to the engine (CheckSubmission takes null factors with batch 0 for a rank without
+      // rows): submissions are matched by whether they carry factors, so a layer planned as sfb
+      // always comes as factors here, and a dense gradient alone is refused, not overwritten.
+      err = StrCat("layer ", layer, " (", LayerName(layer), ") step ", step,
+                   ": planned as sfb but no factors were given; expected u and v (batch x M, "
+                   "batch x N; not null also for a batch of 0 rows)");
     } else if (step < 0) {
-      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
+      err = StrCat("layer ", layer, " (", LayerName(layer), ") step ", step,
                    ": expected a step >= 0");
     } else if (!device() && g.stream != nullptr) {
-      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step,
+      err = StrCat("layer ", layer, " (", LayerName(layer), ") step ", step,
                    ": a stream was given but the engine works on host memory; expected a null "
                    "stream (streams order device memory only)");
     }
@@ -246,12 +269,21 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
       }
     }
     if (!es.ok()) {
-      err = StrCat("Engine::Submit: layer ", layer, " (", LayerName(layer), ") step ", step, ": ",
-                   es.message());
+      err = StrCat("layer ", layer, " (", LayerName(layer), ") step ", step, ": ", es.message());
     }
   }
   std::unique_lock<std::mutex> lock(mu_);
-  if (!sticky_.ok() || stopped_ || shutdown_requested_) {
+  const bool failed = !sticky_.ok() || stopped_ || shutdown_requested_;
+  if (!err.empty() && refused != nullptr) {
+    // TrySubmit: the refusal is the caller's error, whatever state the engine is in. The other
+    // ranks will wait for this submission: report it so that they fail too.
+    if (!failed) local_errors_.push_back(StrCat("invalid submission: ", call, ": ", err));
+    lock.unlock();
+    cv_.notify_one();
+    *refused = InvalidArgument(err);
+    return nullptr;
+  }
+  if (failed) {
     Status s = !sticky_.ok() ? sticky_ : AbortedError("Engine::Submit: the engine was shut down");
     lock.unlock();
     h->Complete(Status(s.code(), StrCat("layer ", layer, " (", LayerName(layer), ") step ", step,
@@ -260,10 +292,10 @@ HandlePtr Engine::Submit(int layer, const Gradient& g, int64_t step, DoneCallbac
   }
   if (!err.empty()) {
     // The other ranks will wait for this submission: report it so that they fail too.
-    local_errors_.push_back(StrCat("invalid submission: ", err));
+    local_errors_.push_back(StrCat("invalid submission: ", call, ": ", err));
     lock.unlock();
     cv_.notify_one();
-    h->Complete(InvalidArgument(err));
+    h->Complete(InvalidArgument(call, ": ", err));
     return h;
   }
   // For the liveness thread, which fails every pending handle when a peer is lost.

@@ -138,6 +138,12 @@ class Engine {
   HandlePtr Submit(int layer, const Gradient& gradient, int64_t step, DoneCallback done = {});
   // Float32 gradient, no factors.
   HandlePtr Submit(int layer, float* grad, size_t count, int64_t step, DoneCallback done = {});
+  // Submit for a caller that returns a refused submission as the error of its own call `call`
+  // (psdSubmit): the local argument error comes back here, its message naming no call, instead
+  // of in a failed handle; it still fails the engine on every rank (the peers' message names
+  // `call`), as Submit's does. The one place a submission's arguments are checked.
+  Result<HandlePtr> TrySubmit(const char* call, int layer, const Gradient& gradient, int64_t step,
+                              DoneCallback done = {});
 
   // A local error the other ranks cannot see (a caller's bad argument found before Submit,
   // e.g. by a binding): fails the engine on every rank within a cycle, naming this rank and
@@ -187,6 +193,11 @@ class Engine {
 
   Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
          const EngineOptions& options);
+  // Submit and TrySubmit: checks and queues the submission. A refusal is reported to every
+  // rank, then returned through `refused` (nullptr returned) when it is not null, else in a
+  // handle failed with it (the message prefixed with `call`).
+  HandlePtr Enqueue(const char* call, int layer, const Gradient& g, int64_t step,
+                    DoneCallback done, Status* refused);
   // Local set-up after construction (controller, liveness, stream, timeline, fusion buffer).
   Status SetUp();
   void Loop();

@@ -470,7 +470,8 @@ void Engine::RunStrategy(Entry* e) {
   b.v = e->grad.v;
   b.batch = e->grad.batch;
   const double t0 = NowUs();
-  Status s = hc_->Exchange(l, b, e->desc.step);
+  // Submit checked the buffers (on every rank, a refusal failing them all): not again.
+  Status s = hc_->ExchangeChecked(l, b, e->desc.step);
   const double t1 = NowUs();
   counters_.strategy_layers.fetch_add(1, std::memory_order_relaxed);
   Record(*e, StrategyName(layer_strategy_[static_cast<size_t>(l)]), t0, t1);

@@ -1,10 +1,12 @@
 // psdSubmit / psdWait / psdTest / psdHandleFree over the background engine.
 //
 //   psdBuildPlan -> EngineBridge::Start: Engine::Create(exchange communicator, hybrid) (collective)
-//   psdSubmit    -> checks the arguments, counts the layer's step, Engine::Submit -> a psdHandle_t
-//                   (a registry number mapped to the engine's Handle)
+//   psdSubmit    -> Engine::TrySubmit, which checks the arguments (layer id, buffers, factors)
+//                   and fails every rank on a refusal -> a psdHandle_t (a registry number mapped
+//                   to the engine's Handle); the layer's step is counted here
 //   psdWait      -> Handle::Wait(timeout) ; psdTest -> Handle::Test / status
-//   a submission refused before Engine::Submit -> Engine::ReportError, so every rank fails
+//   what only the C layer can refuse (a NULL handle pointer, no current plan) and a binding's
+//   refusal (FailSubmit) -> Engine::ReportError, so every rank fails
 //   failures of submitted exchanges set the communicator's sticky asynchronous error (through
 //   the completion callback); a clean stop never does, whichever rank started it (below).
 //
@@ -70,18 +72,26 @@ class EngineBridgeImpl : public EngineBridge {
 
   void ReportError(const Status& error) override { engine_->ReportError(error); }
 
+  // The engine checks the layer id (a bad one gets step 0 and is refused there) and the
+  // buffers; a refused submission does not count as a step.
   Result<HandlePtr> Submit(int layer, const Gradient& g) {
-    int64_t step = steps_[static_cast<size_t>(layer)]++;
+    const bool known = layer >= 0 && static_cast<size_t>(layer) < steps_.size();
+    const int64_t step = known ? steps_[static_cast<size_t>(layer)] : 0;
     CommState* state = state_;
     const std::atomic<bool>* stopping = &stopping_;
     // The callback runs on the engine thread; the CommState outlives the engine (Stop runs
     // before the state is freed), so the raw pointer is safe. Aborts are left to Health / Stop,
     // which tell a clean shutdown on some rank from a failure.
-    return engine_->Submit(layer, g, step, [state, stopping](const Status& s) {
-      if (!s.ok() && s.code() != StatusCode::kAborted && !stopping->load()) {
-        state->SetAsyncError(s);
-      }
-    });
+    PSD_ASSIGN_OR_RETURN(HandlePtr h,
+                         engine_->TrySubmit("psdSubmit", layer, g, step,
+                                            [state, stopping](const Status& s) {
+                                              if (!s.ok() && s.code() != StatusCode::kAborted &&
+                                                  !stopping->load()) {
+                                                state->SetAsyncError(s);
+                                              }
+                                            }));
+    ++steps_[static_cast<size_t>(layer)];
+    return h;
   }
 
  private:
@@ -91,29 +101,21 @@ class EngineBridgeImpl : public EngineBridge {
   std::atomic<bool> stopping_{false};
 };
 
-Status CheckSubmit(CommState& s, int layer_id, float* grad, float* params, const float* u,
-                   const float* v, size_t batch) {
-  PSD_REQUIRE_ARG(layer_id >= 0 && static_cast<size_t>(layer_id) < s.layers.size(), "layer_id ",
-                  layer_id, " is not registered; expected 0..",
-                  static_cast<long long>(s.layers.size()) - 1);
-  const LayerSpec& layer = s.layers[static_cast<size_t>(layer_id)];
-  PSD_REQUIRE_ARG(s.engine != nullptr && s.strategies.size() == s.layers.size(), "layer '",
-                  layer.name,
-                  "' has no current plan (layers were registered after the last "
-                  "psdBuildPlan, or none was built); expected psdBuildPlan first");
-  ExchangeBuffers buf;
-  buf.grad = grad;
-  buf.params = params;
-  buf.u = u;
-  buf.v = v;
-  buf.batch = batch;
-  PSD_CHECK(CheckSubmission(layer, buf));
-  PSD_REQUIRE_ARG(s.strategies[static_cast<size_t>(layer_id)] != StrategyKind::kSfb ||
-                      u != nullptr || s.planned_batch == 0,
-                  "layer '", layer.name,
-                  "' is planned as sfb but no factors were given; "
-                  "expected u and v (batch x M, batch x N)");
+// What only the C layer can refuse: the handle pointer, and a plan that covers the layers
+// registered (the engine runs the plan's layers; it checks the rest).
+Status CheckSubmit(const CommState& s, psdHandle_t* handle) {
+  PSD_REQUIRE_ARG(handle != nullptr, "handle is NULL; expected a psdHandle_t*");
+  PSD_REQUIRE_ARG(s.engine != nullptr && s.strategies.size() == s.layers.size(), "no current plan ",
+                  "(layers were registered after the last psdBuildPlan, or none was built); ",
+                  "expected psdBuildPlan first");
   return Status::Ok();
+}
+
+// Fails the engine on every rank (when there is one) with a submission refused before it saw
+// the call: the other ranks would wait for it until the stall abort otherwise.
+Status Refuse(CommState& s, const Status& bad) {
+  if (s.engine) s.engine->ReportError(bad.WithPrefix("psdSubmit: "));
+  return bad;
 }
 
 }  // namespace
@@ -158,11 +160,8 @@ psdResult_t WithHandle(const char* call, psdHandle_t handle,
 }  // namespace
 
 psdResult_t FailSubmit(psdComm_t handle, const std::string& message) {
-  return WithComm("psdSubmit", handle, [&](CommState& s) -> Status {
-    Status bad = InvalidArgument(message);
-    if (s.engine) s.engine->ReportError(bad.WithPrefix("psdSubmit: "));
-    return bad;
-  });
+  return WithComm("psdSubmit", handle,
+                  [&](CommState& s) -> Status { return Refuse(s, InvalidArgument(message)); });
 }
 
 }  // namespace poseidon::capi
@@ -175,20 +174,13 @@ psdResult_t psdSubmit(psdComm_t comm, int layer_id, float* grad, float* params, 
                       const float* v, size_t batch, psdHandle_t* handle) {
   if (handle != nullptr) *handle = nullptr;
   return capi::WithComm("psdSubmit", comm, [&](capi::CommState& s) -> Status {
-    Status bad = handle == nullptr ? InvalidArgument("handle is NULL; expected a psdHandle_t*")
-                                   : capi::CheckSubmit(s, layer_id, grad, params, u, v, batch);
-    if (!bad.ok()) {
-      // The other ranks would wait for this submission until the stall abort: fail the engine
-      // on every rank at once instead, the message naming this rank and the cause.
-      if (s.engine) s.engine->ReportError(bad.WithPrefix("psdSubmit: "));
-      return bad;
-    }
+    if (Status bad = capi::CheckSubmit(s, handle); !bad.ok()) return capi::Refuse(s, bad);
     auto* bridge = static_cast<capi::EngineBridgeImpl*>(s.engine.get());
-    const LayerSpec& layer = s.layers[static_cast<size_t>(layer_id)];
+    // A bad layer id is the engine's to refuse (a count of 0 goes with it).
+    const bool known = layer_id >= 0 && static_cast<size_t>(layer_id) < s.layers.size();
     Gradient g;
     g.data = grad;
-    g.count = layer.NumElements();
-    g.dtype = DType::kFloat32;
+    g.count = known ? s.layers[static_cast<size_t>(layer_id)].NumElements() : 0;
     g.params = params;
     g.u = u;
     g.v = v;
@@ -197,7 +189,7 @@ psdResult_t psdSubmit(psdComm_t comm, int layer_id, float* grad, float* params, 
     auto state = std::make_shared<capi::HandleState>();
     state->handle = std::move(engine_handle);
     state->comm_id = s.id;
-    state->layer_name = layer.name;
+    state->layer_name = s.layers[static_cast<size_t>(layer_id)].name;
     uint64_t id = capi::Registry::Get().NextId();
     capi::Registry::Get().AddHandle(id, std::move(state));
     *handle = capi::HandleOf<psdHandle_t>(id);

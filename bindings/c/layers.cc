@@ -111,7 +111,6 @@ Status BuildPlanLocked(CommState& s, size_t batch) {
                 "' got id ", id, " in the hybrid collective; expected ", i);
   }
   PSD_CHECK(s.hybrid->BuildPlan(batch));
-  s.planned_batch = batch;
   s.plan_text = s.hybrid->PrintPlan();
   s.strategies.clear();
   for (int i = 0; i < s.hybrid->num_layers(); ++i) s.strategies.push_back(s.hybrid->strategy(i));

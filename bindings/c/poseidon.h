@@ -287,7 +287,8 @@ PSD_API psdResult_t psdPrintPlan(psdComm_t comm, FILE* stream);
  *           an output.
  *   params  the parameters (required with an optimizer, updated in place; else may be NULL).
  *   u, v    sufficient factors of a fully connected layer: batch x M and batch x N, row-major
- *           (NULL for other layers, or to send the dense gradient).
+ *           (NULL for other layers, or to send the dense gradient of one not planned as sfb;
+ *           a layer planned as sfb needs both, not NULL also with batch 0).
  * All buffers are borrowed until the handle completes; do not touch them before.
  * A submission refused here (psdInvalidArgument: a NULL handle pointer, a bad layer, a missing
  * buffer or factors, layers registered after the plan) also fails the engine on every rank

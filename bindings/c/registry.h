@@ -43,7 +43,6 @@ struct CommState {
   std::shared_ptr<Communicator> exchange_comm;
   std::unique_ptr<HybridCollective> hybrid;  // layers; owned by the engine once it runs
   std::vector<LayerSpec> layers;             // what was registered (resolved)
-  size_t planned_batch = 0;
   std::string plan_text;                 // the last plan's table ("" before a plan)
   std::vector<StrategyKind> strategies;  // the last plan's choice per layer
   std::unique_ptr<EngineBridge> engine;

@@ -266,9 +266,12 @@ class Comm {
   }
   int NumLayers() const { return Int(psdNumLayers); }
 
-  // Checks every array against the layer before anything reaches the C API (a short array
-  // would be overrun by the engine on every rank); a refused argument fails the engine on every
-  // rank (SubmitChecks) and raises InvalidArgumentError here.
+  // Checks what the C API cannot see, every array against the layer (dtype, memory, layout,
+  // element count, factor shapes: a short array would be overrun by the engine on every rank),
+  // before anything reaches it; a refused argument fails the engine on every rank
+  // (SubmitChecks) and raises InvalidArgumentError here. What psdSubmit checks itself (the
+  // layer id, a missing grad, params or factor, factors on a layer that is not fully connected)
+  // goes to it as is (None as NULL) and raises with its message.
   std::unique_ptr<Handle> Submit(py::object self, int layer, py::handle grad, py::handle params,
                                  py::handle u, py::handle v) {
     psdComm_t c = get();
@@ -277,74 +280,68 @@ class Comm {
     float *g = nullptr, *p = nullptr;
     const float *uu = nullptr, *vv = nullptr;
     size_t batch = 0;
-    SubmitChecks([&] {
-      if (layer < 0 || static_cast<size_t>(layer) >= layers_.size() ||
-          !layers_[static_cast<size_t>(layer)].known) {
-        BadArg("Comm.submit: layer " + std::to_string(layer) + " is not registered; expected " +
-               (layers_.empty() ? std::string("register_layer first")
-                                : "0.." + std::to_string(layers_.size() - 1)));
-      }
-      const LayerShape& want = layers_[static_cast<size_t>(layer)];
-      const std::string at =
-          "Comm.submit(layer " + std::to_string(layer) + " '" + want.name + "'): ";
-      auto f32 = [&](py::handle obj, const char* name, bool writable) -> View {
-        const std::string what = at + name;
-        View view = ToView(obj, what.c_str(), writable);
-        if (view.dtype != psdFloat32) {
-          BadArg(what + " has dtype " + DTypeName(view.dtype) + "; expected float32 elements");
+    const bool known = layer >= 0 && static_cast<size_t>(layer) < layers_.size() &&
+                       layers_[static_cast<size_t>(layer)].known;
+    if (known) {
+      SubmitChecks([&] {
+        const LayerShape& want = layers_[static_cast<size_t>(layer)];
+        const std::string at =
+            "Comm.submit(layer " + std::to_string(layer) + " '" + want.name + "'): ";
+        auto f32 = [&](py::handle obj, const char* name, bool writable) -> View {
+          const std::string what = at + name;
+          View view = ToView(obj, what.c_str(), writable);
+          if (view.dtype != psdFloat32) {
+            BadArg(what + " has dtype " + DTypeName(view.dtype) + "; expected float32 elements");
+          }
+          if (view.memory != psdMemHost) {
+            BadArg(what + " is a tensor on " + view.device +
+                   "; expected host memory (a CPU array or tensor): the engine exchanges host "
+                   "buffers, so copy it with .cpu() and back");
+          }
+          in.keep.push_back(py::reinterpret_borrow<py::object>(obj));
+          return view;
+        };
+        auto count_is = [&](const View& view, const char* name) {
+          if (view.count != want.count) {
+            BadArg(at + name + " has " + std::to_string(view.count) + " elements; expected " +
+                   std::to_string(want.count) + " (layer shape " + ShapeText(want.shape) + ")");
+          }
+        };
+        if (!grad.is_none()) {
+          View gv = f32(grad, "grad", true);
+          count_is(gv, "grad");
+          g = static_cast<float*>(gv.data);
         }
-        if (view.memory != psdMemHost) {
-          BadArg(what + " is a tensor on " + view.device +
-                 "; expected host memory (a CPU array or tensor): the engine exchanges host "
-                 "buffers, so copy it with .cpu() and back");
+        if (!params.is_none()) {
+          View pv = f32(params, "params", true);
+          count_is(pv, "params");
+          p = static_cast<float*>(pv.data);
         }
-        in.keep.push_back(py::reinterpret_borrow<py::object>(obj));
-        return view;
-      };
-      auto count_is = [&](const View& view, const char* name) {
-        if (view.count != want.count) {
-          BadArg(at + name + " has " + std::to_string(view.count) + " elements; expected " +
-                 std::to_string(want.count) + " (layer shape " + ShapeText(want.shape) + ")");
+        // Factors: K x M and K x N for an M x N fc layer (K from whichever is given).
+        const bool fc = want.kind == psdLayerFullyConnected && want.shape.size() == 2;
+        const size_t m = fc ? want.shape[0] : 0, n = fc ? want.shape[1] : 0;
+        if (!u.is_none()) {
+          View uv = f32(u, "u", false);
+          if (fc && (uv.shape.size() != 2 || uv.shape[1] != m)) {
+            BadArg(at + "u has shape " + ShapeText(uv.shape) + "; expected K x " +
+                   std::to_string(m) + " (K x M for layer shape " + ShapeText(want.shape) + ")");
+          }
+          batch = uv.shape.empty() ? 0 : uv.shape[0];
+          uu = static_cast<const float*>(uv.data);
         }
-      };
-      if (grad.is_none()) {
-        BadArg(at + "grad is None; expected a float32 array of " + std::to_string(want.count) +
-               " elements");
-      }
-      View gv = f32(grad, "grad", true);
-      count_is(gv, "grad");
-      g = static_cast<float*>(gv.data);
-      if (!params.is_none()) {
-        View pv = f32(params, "params", true);
-        count_is(pv, "params");
-        p = static_cast<float*>(pv.data);
-      }
-      if (u.is_none() != v.is_none()) {
-        BadArg(at + (u.is_none() ? "v is given without u" : "u is given without v") +
-               "; expected both factors (K x M and K x N) or neither");
-      }
-      if (u.is_none()) return;
-      if (want.kind != psdLayerFullyConnected || want.shape.size() != 2) {
-        BadArg(at + "factors u, v given for a layer registered as " +
-               (want.kind == psdLayerFullyConnected ? "fc" : "non-fc") + " of shape " +
-               ShapeText(want.shape) + "; expected an fc layer of shape M x N");
-      }
-      View uv = f32(u, "u", false);
-      View vv2 = f32(v, "v", false);
-      const size_t m = want.shape[0], n = want.shape[1];
-      if (uv.shape.size() != 2 || uv.shape[1] != m) {
-        BadArg(at + "u has shape " + ShapeText(uv.shape) + "; expected K x " + std::to_string(m) +
-               " (K x M for layer shape " + ShapeText(want.shape) + ")");
-      }
-      batch = uv.shape[0];
-      if (vv2.shape.size() != 2 || vv2.shape[0] != batch || vv2.shape[1] != n) {
-        BadArg(at + "v has shape " + ShapeText(vv2.shape) + "; expected " + std::to_string(batch) +
-               " x " + std::to_string(n) + " (K x N, K = " + std::to_string(batch) +
-               " as u, for layer shape " + ShapeText(want.shape) + ")");
-      }
-      uu = static_cast<const float*>(uv.data);
-      vv = static_cast<const float*>(vv2.data);
-    });
+        if (!v.is_none()) {
+          View vv2 = f32(v, "v", false);
+          if (u.is_none()) batch = vv2.shape.empty() ? 0 : vv2.shape[0];
+          if (fc && (vv2.shape.size() != 2 || vv2.shape[0] != batch || vv2.shape[1] != n)) {
+            BadArg(at + "v has shape " + ShapeText(vv2.shape) + "; expected " +
+                   std::to_string(batch) + " x " + std::to_string(n) + " (K x N, K = " +
+                   std::to_string(batch) + " as u, for layer shape " + ShapeText(want.shape) +
+                   ")");
+          }
+          vv = static_cast<const float*>(vv2.data);
+        }
+      });
+    }
     psdResult_t r;
     {
       py::gil_scoped_release release;

@@ -127,8 +127,8 @@ TEST_F(CApiEngine, RefusedSubmissionOnOneRankFailsEveryRankFast) {
     const char* cause;  // in the message of every rank
   } cases[] = {
       {"NULL handle pointer", "handle is NULL"},
-      {"layer id out of range", "layer_id 7 is not registered"},
-      {"negative layer id", "layer_id -1 is not registered"},
+      {"layer id out of range", "layer id 7 is out of range"},
+      {"negative layer id", "layer id -1 is out of range"},
       {"NULL gradient", "grad is null"},
   };
   const int bad = size_ - 1;

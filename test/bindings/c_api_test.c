@@ -270,7 +270,7 @@ static void TestExchange(int size) {
   psdHandle_t h = NULL;
   CHECK(psdSubmit(comm, 7, g, NULL, NULL, NULL, 0, &h) == psdInvalidArgument);
   CHECK(h == NULL);
-  CHECK(strstr(psdGetLastError(comm), "layer_id 7 is not registered") != NULL);
+  CHECK(strstr(psdGetLastError(comm), "layer id 7 is out of range") != NULL);
   CHECK_OK(psdCommDestroy(comm));
   free(g);
 }

@@ -240,7 +240,8 @@ check(hB.wait(60000) and np.all(gB == avg), "a handle keeps its Comm alive")
 del hB  # the Comm's last reference: destroyed here, at the same point on every rank
 
 
-# Comm.submit, 2: every array is checked against the layer before anything reaches the engine;
+# Comm.submit, 2: every array is checked against the layer before anything reaches the C API,
+# the rest (layer id, a missing grad or factor, factors on a layer that is not fc) by psdSubmit;
 # the caller gets an InvalidArgumentError naming the call, the argument, its value and what was
 # expected. A bad argument on every rank: each rank raises (its engine fails everywhere; a
 # re-plan starts a new one).
@@ -271,8 +272,7 @@ ro = np.zeros(big, np.float32)
 ro.flags.writeable = False
 g2k = np.zeros(64 * 32, np.float32)
 u8, v8 = np.zeros((8, 64), np.float32), np.zeros((8, 32), np.float32)
-at0, at1, at2 = "Comm.submit(layer 0 'big'): ", "Comm.submit(layer 1 'fc'): ", \
-    "Comm.submit(layer 2 'w2d'): "
+at0, at1 = "Comm.submit(layer 0 'big'): ", "Comm.submit(layer 1 'fc'): "
 bad_args = [
     (lambda: cC.submit(0, np.zeros(10, np.float32)),
      at0 + "grad has 10 elements; expected %d (layer shape %d)" % (big, big)),
@@ -290,20 +290,22 @@ bad_args = [
      at0 + "params: array is read-only"),
     (lambda: cC.submit(0, FakeCudaTensor(big)),
      at0 + "grad is a tensor on cuda; expected host memory"),
-    (lambda: cC.submit(0, None), at0 + "grad is None; expected a float32 array of %d" % big),
+    (lambda: cC.submit(0, None), "psdSubmit: layer 0 step 0: layer 'big': grad is null; "
+     "expected %d floats" % big),
     (lambda: cC.submit(0, [0.0] * 10), at0 + "grad: <class 'list'> is neither a buffer"),
     (lambda: cC.submit(7, np.zeros(10, np.float32)),
-     "Comm.submit: layer 7 is not registered; expected 0..2"),
+     "psdSubmit: layer id 7 is out of range; expected 0..2"),
     (lambda: cC.submit(1, g2k, u=np.zeros((8, 32), np.float32), v=v8),
      at1 + "u has shape 8 x 32; expected K x 64 (K x M for layer shape 64 x 32)"),
     (lambda: cC.submit(1, g2k, u=np.zeros(64, np.float32), v=v8), at1 + "u has shape 64;"),
     (lambda: cC.submit(1, g2k, u=u8, v=np.zeros((4, 32), np.float32)),
      at1 + "v has shape 4 x 32; expected 8 x 32 (K x N, K = 8 as u"),
-    (lambda: cC.submit(1, g2k, u=u8), at1 + "u is given without v"),
-    (lambda: cC.submit(1, g2k, v=v8), at1 + "v is given without u"),
+    (lambda: cC.submit(1, g2k, u=u8), "psdSubmit: layer 1 step 0: layer 'fc': only one of u"),
+    (lambda: cC.submit(1, g2k, v=v8), "psdSubmit: layer 1 step 0: layer 'fc': only one of u"),
     (lambda: cC.submit(1, g2k, u=u8.astype(np.float64), v=v8), at1 + "u has dtype float64"),
     (lambda: cC.submit(2, g2k, u=u8, v=v8),
-     at2 + "factors u, v given for a layer registered as non-fc of shape 64 x 32"),
+     "psdSubmit: layer 2 step 0: layer 'w2d' is dense; sufficient factors (u, v) need a fully "
+     "connected layer"),
 ]
 for call, text in bad_args:
     expect_error(poseidon.InvalidArgumentError, call, text)
