@@ -1,5 +1,6 @@
-// The C API's link to the background engine: psdSubmit -> Engine::Submit -> a psdHandle_t whose
-// psdWait / psdTest map to the engine handle's Wait(timeout) / Test(). Internal.
+// The C API's link to the background engine: psdSubmit -> Engine::TrySubmit -> a psdHandle_t
+// whose psdWait / psdTest map to the engine handle's Wait(timeout) / Test() (the timeout rule:
+// binding_support.h). Internal to bindings/c.
 #pragma once
 
 #include <memory>
@@ -29,14 +30,5 @@ class EngineBridge {
   // instead of leaving the peers waiting for a submission that never comes.
   virtual void ReportError(const Status& error) = 0;
 };
-
-// A timeout in milliseconds for Handle::Wait in seconds: negative, or beyond kWaitForeverMs
-// (10^7 s: a duration that large overflows the clock's arithmetic and would time out at once),
-// waits for ever (-1).
-inline constexpr long long kWaitForeverMs = 10'000'000'000LL;
-inline double WaitSeconds(long long timeout_ms) {
-  if (timeout_ms < 0 || timeout_ms > kWaitForeverMs) return -1.0;
-  return static_cast<double>(timeout_ms) / 1000.0;
-}
 
 }  // namespace poseidon::capi

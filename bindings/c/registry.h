@@ -1,8 +1,6 @@
 // Internals of the C API: the registry of live handles and the error plumbing every entry
-// point goes through. Not installed; included by bindings/c/*.cc and by the Python module
-// (bindings/python/module.cc), which checks its arrays before calling the C API and fails a
-// call on every rank through the same plumbing (FailBlockingCollective, FailSubmit) when one
-// rank's arguments are bad.
+// point goes through. Not installed; included by bindings/c/*.cc only (what the Python module
+// shares with the C layer is in binding_support.h).
 //
 // Why a registry: a C caller may pass a handle it already destroyed. Handles are therefore
 // numbers (never addresses) mapped to shared state; a number not in the map is refused with a
@@ -23,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/c/binding_support.h"
 #include "bindings/c/poseidon.h"
 #include "collectives/hybrid.h"
 #include "runtime/communicator.h"
@@ -103,18 +102,5 @@ psdResult_t Guard(const char* call, const std::function<Status()>& body);
 // communicator and the thread. A handle that is not live is refused before anything else.
 psdResult_t WithComm(const char* call, psdComm_t handle,
                      const std::function<Status(CommState&)>& body);
-
-// For bindings layered on the C API (the Python module): an argument error found before a
-// blocking collective (e.g. two arrays of different sizes) joins the peers' argument agreement
-// in the backend call `backend_call` ("AllReduce", ...), so the peers fail with a message naming
-// this rank instead of waiting. Returns psdInvalidArgument with `message` recorded.
-psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call, const char* backend_call,
-                                   const std::string& message);
-
-// The same for psdSubmit (engine_bridge.cc): an argument error found before psdSubmit (e.g. an
-// array of the wrong dtype) fails the communicator's engine on every rank, the message naming
-// this rank, so the peers do not wait for this submission. Returns psdInvalidArgument with
-// "psdSubmit: <message>" recorded.
-psdResult_t FailSubmit(psdComm_t handle, const std::string& message);
 
 }  // namespace poseidon::capi

@@ -8,9 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "bindings/c/engine_bridge.h"
+#include "bindings/c/binding_support.h"
 #include "bindings/c/poseidon.h"
-#include "bindings/c/registry.h"
 #include "bindings/python/module_common.h"
 
 namespace poseidon::python {

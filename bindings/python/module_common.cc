@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "bindings/c/engine_bridge.h"
+#include "bindings/c/binding_support.h"
 
 namespace poseidon::python {
 
