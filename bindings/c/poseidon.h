@@ -68,7 +68,8 @@ typedef enum {
   psdBackendError = 3,    /* MPI / NCCL / CUDA reported an error */
   psdTimeout = 4,         /* psdWait ran past its timeout (the operation continues) */
   psdAborted = 5,         /* the communicator failed earlier (sticky) or was shut down */
-  psdUnavailable = 6,     /* not built in or not present here (no GPU, no engine, ...) */
+  psdUnavailable = 6,     /* not built in or not present here (no CUDA, no GPU, an MPI thread
+                             level below what the engine needs, ...) */
   psdInternalError = 7,   /* a broken invariant inside Poseidon */
   psdUnimplemented = 8,   /* the operation is not supported (yet) for these arguments */
   psdPeerLost = 9,        /* a peer stopped answering heartbeats for POSEIDON_PEER_TIMEOUT_S
@@ -260,8 +261,9 @@ PSD_API psdResult_t psdNumLayers(psdComm_t comm, int* num_layers);
 
 /* Plans every registered layer for `batch` samples per rank: measures the cost model (or loads
  * its cache), then picks a strategy per layer. Collective; fails on every rank (psdMismatch)
- * when the ranks registered different layers or passed different batches. Starts the engine
- * when the build has one. */
+ * when the ranks registered different layers or passed different batches. Then starts the
+ * communicator's engine (psdSubmit needs it), after stopping the previous plan's, whose pending
+ * handles fail with psdAborted. */
 PSD_API psdResult_t psdBuildPlan(psdComm_t comm, size_t batch);
 
 /* The strategy the plan chose for a layer (psdInvalidArgument before psdBuildPlan). Local. */
@@ -277,8 +279,8 @@ PSD_API psdResult_t psdPrintPlan(psdComm_t comm, FILE* stream);
 
 /* ---- asynchronous exchange through the engine ------------------------------------------- */
 
-/* Submits this step's gradient of one layer and returns at once with *handle (owned by the
- * caller: psdHandleFree). Collective in the engine's sense: every rank submits the same layers
+/* Submits this step's gradient of one layer to the engine psdBuildPlan started and returns at
+ * once with *handle (owned by the caller: psdHandleFree). Collective in the engine's sense: every rank submits the same layers
  * (in any order per step: the engine agrees on one); a rank that disagrees (layer, size,
  * strategy) fails with psdMismatch instead of hanging.
  *   grad    the layer's gradient (float32, its element count), input and output: it holds the
