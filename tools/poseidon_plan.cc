@@ -17,6 +17,7 @@
 #include "collectives/cost_model.h"
 #include "collectives/planner.h"
 #include "runtime/communicator.h"
+#include "tools/flags.h"
 #include "tools/models/models.h"
 
 namespace poseidon {
@@ -37,89 +38,58 @@ struct Args {
   bool measured = false;
 };
 
-void Usage() {
-  std::fprintf(stderr,
-               "usage: poseidon_plan [--model vgg19|vgg19-22k|resnet152|inception-v3|all]\n"
-               "  [--np P[,P...]] [--batch K] [--latency-us 25] [--bandwidth-gbit 10]\n"
-               "  [--gemm-gflops 1000] [--topk-gbytes 100] [--optimizer-gbytes 200]\n"
-               "  [--optimizer none|sgd|adam] [--sparse] [--summary] [--measured]\n"
-               "--sparse lets topk compete on every non-FC layer; --measured (under mpirun)\n"
-               "plans for this communicator with the probed (or cached) cost model.\n");
-}
-
-Result<Args> ParseArgs(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> Result<std::string> {
-      if (i + 1 >= argc) return InvalidArgument("poseidon_plan: ", k, " needs a value");
-      return std::string(argv[++i]);
-    };
-    auto number = [&](double* out) -> Status {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      char* end = nullptr;
-      *out = std::strtod(v.c_str(), &end);
-      PSD_REQUIRE_ARG(end != v.c_str() && *end == '\0' && *out > 0, "poseidon_plan: ", k, " '", v,
-                      "' is not a positive number");
-      return Status::Ok();
-    };
-    if (k == "--model") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      a.models = v == "all" ? ModelNames() : std::vector<std::string>{v};
-    } else if (k == "--np") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      a.nps.clear();
-      size_t pos = 0;
-      while (pos <= v.size()) {
-        size_t c = v.find(',', pos);
-        if (c == std::string::npos) c = v.size();
-        int p = std::atoi(v.substr(pos, c - pos).c_str());
-        PSD_REQUIRE_ARG(p >= 1, "poseidon_plan: --np '", v, "' holds ", p,
-                        "; expected world sizes >= 1");
-        a.nps.push_back(p);
-        pos = c + 1;
-      }
-    } else if (k == "--batch") {
-      double b = 0;
-      PSD_CHECK(number(&b));
-      a.batch = static_cast<long long>(b);
-    } else if (k == "--latency-us") {
-      PSD_ASSIGN_OR_RETURN(std::string v, next());
-      a.latency_us = std::atof(v.c_str());
-      PSD_REQUIRE_ARG(a.latency_us >= 0, "poseidon_plan: --latency-us ", v, " is negative");
-    } else if (k == "--bandwidth-gbit") {
-      PSD_CHECK(number(&a.bandwidth_gbit));
-    } else if (k == "--gemm-gflops") {
-      PSD_CHECK(number(&a.gemm_gflops));
-    } else if (k == "--topk-gbytes") {
-      PSD_CHECK(number(&a.topk_gbytes));
-    } else if (k == "--optimizer-gbytes") {
-      PSD_CHECK(number(&a.optimizer_gbytes));
-    } else if (k == "--optimizer") {
-      PSD_ASSIGN_OR_RETURN(a.optimizer, next());
-      PSD_REQUIRE_ARG(a.optimizer == "none" || a.optimizer == "sgd" || a.optimizer == "adam",
-                      "poseidon_plan: --optimizer '", a.optimizer, "'; expected none, sgd or adam");
-    } else if (k == "--sparse") {
-      a.sparse = true;
-    } else if (k == "--summary") {
-      a.summary = true;
-    } else if (k == "--measured") {
-      a.measured = true;
-    } else {
-      return InvalidArgument("poseidon_plan: unknown argument '", k, "'");
-    }
-  }
-  return a;
+// Declares every flag of poseidon_plan on `flags`, the values landing in `a`.
+void AddFlags(cli::Flags& flags, Args* a) {
+  flags.Custom("--model", "NAME",
+               "vgg19 (default), vgg19-22k, resnet152, inception-v3, or all of them",
+               [a](const std::string&, const std::string& v) -> Status {
+                 a->models = v == "all" ? ModelNames() : std::vector<std::string>{v};
+                 return Status::Ok();
+               });
+  flags.Custom("--np", "P[,P...]", "world sizes to plan for (default 8)",
+               [a](const std::string& flag, const std::string& v) -> Status {
+                 PSD_ASSIGN_OR_RETURN(std::vector<std::string> items, cli::SplitList(flag, v));
+                 a->nps.clear();
+                 for (const std::string& item : items) {
+                   PSD_ASSIGN_OR_RETURN(long long p, cli::ParseInteger(flag, item, 1, 1 << 24));
+                   a->nps.push_back(static_cast<int>(p));
+                 }
+                 return Status::Ok();
+               });
+  flags.Int("--batch", &a->batch, 1, 1LL << 30, "K", "samples per rank (default: the model's)");
+  flags.Number("--latency-us", &a->latency_us, cli::Range{0, 1e9}, "US",
+               "network latency in microseconds (default 25)");
+  flags.Number("--bandwidth-gbit", &a->bandwidth_gbit, cli::Range{0, 1e9, true, false}, "GBIT",
+               "network bandwidth in Gbit/s (default 10)");
+  flags.Number("--gemm-gflops", &a->gemm_gflops, cli::Range{0, 1e9, true, false}, "GF",
+               "GEMM rate in GFLOP/s (default 1000, a GPU's; lower for a CPU)");
+  flags.Number("--topk-gbytes", &a->topk_gbytes, cli::Range{0, 1e9, true, false}, "GB",
+               "top-k selection throughput in GB/s (default 100)");
+  flags.Number("--optimizer-gbytes", &a->optimizer_gbytes, cli::Range{0, 1e9, true, false}, "GB",
+               "optimizer step throughput in GB/s (default 200)");
+  flags.Custom("--optimizer", "none|sgd|adam", "the optimizer every layer gets (default sgd)",
+               [a](const std::string& flag, const std::string& v) -> Status {
+                 PSD_REQUIRE_ARG(v == "none" || v == "sgd" || v == "adam", "option ", flag, ": '",
+                                 v, "' is not an optimizer; expected none, sgd or adam");
+                 a->optimizer = v;
+                 return Status::Ok();
+               });
+  flags.Bool("--sparse", &a->sparse, "lets topk compete on every non-FC layer");
+  flags.Bool("--summary", &a->summary, "one line per world size instead of the plan tables");
+  flags.Bool("--measured", &a->measured,
+             "under mpirun: plans with this communicator's probed (or cached) cost model");
 }
 
 int Run(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv);
-  if (!args.ok()) {
-    std::fprintf(stderr, "%s\n", args.status().message().c_str());
-    Usage();
-    return 2;
+  Args a;
+  cli::Flags flags("poseidon_plan");
+  AddFlags(flags, &a);
+  Status parsed = flags.Parse(argc, argv);
+  if (!parsed.ok() || flags.help()) {
+    if (!parsed.ok()) std::fprintf(stderr, "poseidon_plan: %s\n", parsed.message().c_str());
+    std::fputs(flags.Usage().c_str(), parsed.ok() ? stdout : stderr);
+    return parsed.ok() ? 0 : 2;
   }
-  const Args& a = *args;
   CostModel model = CostModel::Network(a.latency_us * 1e-6, a.bandwidth_gbit * 1e9 / 8);
   model.gemm_flops = a.gemm_gflops * 1e9;
   model.topk_bytes_per_s = a.topk_gbytes * 1e9;

@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "bench/cluster/trainer_options.h"
-#include "bench/common/flags.h"
+#include "tools/flags.h"
 #include "bench/common/model_shape.h"
 #include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
@@ -469,7 +469,7 @@ int Main(int argc, char** argv) {
   if (!shaped.ok()) {
     if (rank == 0)
       std::fprintf(stderr, "poseidon_model_trainer: %s\n",
-                   bench::OptionError(shaped.status()).message().c_str());
+                   cli::OptionError(shaped.status()).message().c_str());
     MPI_Finalize();
     return 2;
   }

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "bench/common/flags.h"
+#include "tools/flags.h"
 
 namespace poseidon::cluster {
 
@@ -40,11 +40,11 @@ constexpr Gpu kGpus[] = {{"titanx", 3.05}, {"k40", 2.15}};
 // Parses argv; *usage gets the usage text, and *help whether it was asked for.
 Result<Options> ParseArgs(int argc, char** argv, std::string* usage, bool* help) {
   Options o;
-  bench::Flags flags("poseidon_model_trainer");
+  cli::Flags flags("poseidon_model_trainer");
   bench::AddModelFlags(flags, &o.model);
   flags.Int("--iters", &o.iters, 1, 1000000000, "N", "timed iterations per mode (default 5)");
   flags.Int("--warmup", &o.warmup, 0, 1000000000, "N", "warm-up iterations per mode (default 1)");
-  flags.Number("--compute-scale", &o.compute_scale, bench::Range{0, 1e6}, "C",
+  flags.Number("--compute-scale", &o.compute_scale, cli::Range{0, 1e6}, "C",
                "emulated compute = FLOPs / GPU rate x C x S (default 1; 0: no compute)");
   flags.Custom("--gpu", "titanx|k40", "the modelled GPU (default titanx)",
                [&o](const std::string& flag, const std::string& v) -> Status {
@@ -58,13 +58,13 @@ Result<Options> ParseArgs(int argc, char** argv, std::string* usage, bool* help)
                                         "' is unknown; expected titanx or k40 (or give "
                                         "--gpu-tflops)");
                });
-  flags.Number("--gpu-tflops", &o.gpu_tflops, bench::Range{1e-3, 1e4}, "T",
+  flags.Number("--gpu-tflops", &o.gpu_tflops, cli::Range{1e-3, 1e4}, "T",
                "effective TFLOP/s of the modelled GPU (overrides --gpu)");
   flags.Custom(
       "--modes", "M,M,...",
       "dense, dense-overlap, hybrid-overlap, hybrid (default the first three)",
       [&o](const std::string& flag, const std::string& v) -> Status {
-        PSD_ASSIGN_OR_RETURN(std::vector<std::string> items, bench::SplitList(flag, v));
+        PSD_ASSIGN_OR_RETURN(std::vector<std::string> items, cli::SplitList(flag, v));
         o.modes.clear();
         for (const std::string& item : items) {
           bool found = false;
@@ -83,16 +83,16 @@ Result<Options> ParseArgs(int argc, char** argv, std::string* usage, bool* help)
   flags.Custom("--predict", "P,P,...",
                "also print the planner's prediction for the full-size model at these P",
                [&o](const std::string& flag, const std::string& v) -> Status {
-                 PSD_ASSIGN_OR_RETURN(std::vector<std::string> items, bench::SplitList(flag, v));
+                 PSD_ASSIGN_OR_RETURN(std::vector<std::string> items, cli::SplitList(flag, v));
                  o.predict.clear();
                  for (const std::string& item : items) {
-                   PSD_ASSIGN_OR_RETURN(long long p, bench::ParseInteger(flag, item, 1, 1 << 20));
+                   PSD_ASSIGN_OR_RETURN(long long p, cli::ParseInteger(flag, item, 1, 1 << 20));
                    o.predict.push_back(static_cast<int>(p));
                  }
                  return Status::Ok();
                });
   flags.Bool("--print-plan", &o.print_plan, "print each mode's plan and the full-size plan");
-  flags.Number("--link-gbit", &o.link_gbit, bench::Range{1e-3, 1e4}, "G",
+  flags.Number("--link-gbit", &o.link_gbit, cli::Range{1e-3, 1e4}, "G",
                "rate of the links this run crosses, for the preamble");
   flags.Text("--network", &o.network, "TEXT", "what the ranks talk over, for the preamble");
   flags.Int("--seed", &o.seed, 0, 1000000000, "N", "seed of the gradients (default 1)");

@@ -188,12 +188,12 @@ Result<ShapedModel> MakeShapedModel(const std::string& name, size_t batch, doubl
   return m;
 }
 
-void AddModelFlags(Flags& flags, ModelFlags* m, bool with_batch) {
+void AddModelFlags(cli::Flags& flags, ModelFlags* m, bool with_batch) {
   std::string names;
   for (const std::string& n : TrainerModelNames()) names += StrCat(names.empty() ? "" : "|", n);
   flags.Text("--model", &m->model, "NAME",
              StrCat(names, " (default ", m->model.empty() ? "none" : m->model, ")"));
-  flags.Number("--scale", &m->scale, Range{0, 1, true, false}, "S",
+  flags.Number("--scale", &m->scale, cli::Range{0, 1, true, false}, "S",
                StrCat("fraction of the model's parameters kept, in (0, 1] (default ", m->scale,
                       "):\ndense layers S x elements, FC layers and factor batch sqrt(S) "
                       "per side"));

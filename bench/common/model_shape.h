@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/common/flags.h"
+#include "tools/flags.h"
 #include "collectives/layer.h"
 #include "runtime/status.h"
 #include "tools/models/models.h"
@@ -68,7 +68,7 @@ struct ModelFlags {
   long long batch = 0;  // --batch: images per rank; 0: the model's own
 };
 // Declares --model NAME and --scale S, and --batch K when with_batch.
-void AddModelFlags(Flags& flags, ModelFlags* m, bool with_batch = true);
+void AddModelFlags(cli::Flags& flags, ModelFlags* m, bool with_batch = true);
 // MakeShapedModel of the flags.
 Result<ShapedModel> MakeShapedModel(const ModelFlags& m);
 

@@ -22,7 +22,7 @@ Result<size_t> ParseBytes(const std::string& flag, const std::string& text) {
     if (s == 'G' || s == 'g') mult = size_t{1} << 30;
     if (mult != 1) t.pop_back();
   }
-  auto v = bench::ParseInteger(flag, t, 0, (1ll << 62) / static_cast<long long>(mult));
+  auto v = cli::ParseInteger(flag, t, 0, (1ll << 62) / static_cast<long long>(mult));
   if (!v.ok()) {
     return InvalidArgument("option ", flag, ": '", text,
                            "' is not a size; expected bytes with an optional K, M or G suffix");
@@ -44,7 +44,7 @@ std::string ThreadLevelName(int level) {
   return StrCat("level ", level);
 }
 
-void AddOptions(bench::Flags& flags, Options* o) {
+void AddOptions(cli::Flags& flags, Options* o) {
   flags.Custom(
       "-m,--message-size", "[MIN:]MAX",
       "message sizes in bytes (K/M/G suffixes), doubling (default 4:1M)",
@@ -111,7 +111,7 @@ void AddOptions(bench::Flags& flags, Options* o) {
 
 Result<Options> ParseOptions(int argc, char** argv, Collective& c, bool* help, std::string* usage) {
   Options o;
-  bench::Flags flags(c.program());
+  cli::Flags flags(c.program());
   c.AddFlags(flags);
   AddOptions(flags, &o);
   Status st = flags.Parse(argc, argv);
@@ -119,7 +119,7 @@ Result<Options> ParseOptions(int argc, char** argv, Collective& c, bool* help, s
   *usage = flags.Usage();
   if (!st.ok()) return st;
   st = c.Configure(flags, &o);
-  if (!st.ok()) return bench::OptionError(st);
+  if (!st.ok()) return cli::OptionError(st);
   const int needed = c.RequiredThreadLevel();
   PSD_REQUIRE_ARG(o.thread_level < 0 || o.thread_level >= needed, "option -t ",
                   ThreadLevelName(o.thread_level), ": ", c.program(), " needs at least ",

@@ -21,7 +21,7 @@
 #include <cstddef>
 #include <string>
 
-#include "bench/common/flags.h"
+#include "tools/flags.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 
@@ -51,7 +51,7 @@ int RunsFor(size_t bytes, int n, int floor_value);
 std::string ThreadLevelName(int level);
 
 // Declares the harness's options on `flags`, writing into *o.
-void AddOptions(bench::Flags& flags, Options* o);
+void AddOptions(cli::Flags& flags, Options* o);
 
 // Parses argv (argv[0] is the program) with the harness's options and the program's own
 // (Collective::AddFlags), then lets the program check them (Collective::Configure). Errors name

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string>
 
-#include "bench/common/flags.h"
+#include "tools/flags.h"
 #include "bench/osu/args.h"
 #include "runtime/backend.h"
 #include "runtime/communicator.h"
@@ -34,10 +34,10 @@ class Collective {
   virtual std::string factor_text() const = 0;  // "2(P-1)/P"
   virtual double BusFactor(int world) const = 0;
   // The program's own options (-D, -r, --model ...), declared on the harness's parser.
-  virtual void AddFlags(bench::Flags& flags) {}
+  virtual void AddFlags(cli::Flags& flags) {}
   // After parsing, before MPI starts: checks the program's options together and may set the
   // harness's (osu_hybrid sets the size to its model's). An error is an option error.
-  virtual Status Configure(const bench::Flags& flags, Options* options) { return Status::Ok(); }
+  virtual Status Configure(const cli::Flags& flags, Options* options) { return Status::Ok(); }
   // The element count of the full buffer (nccl-tests' size / dtype size) that a requested
   // size maps to; 0 skips the size. The default is bytes / dtype size.
   virtual size_t CountFor(size_t bytes, DType dtype, int world) const;

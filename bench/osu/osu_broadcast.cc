@@ -25,7 +25,7 @@ class BroadcastBench : public BufferCollective {
   std::string peer_name() const override { return "MPI_Bcast"; }
   std::string factor_text() const override { return "1"; }
   double BusFactor(int world) const override { return 1.0; }
-  void AddFlags(bench::Flags& flags) override {
+  void AddFlags(cli::Flags& flags) override {
     flags.Int("-r,--root", &root_, 0, 1000000, "ROOT",
               "the broadcasting rank, below the number of ranks (default 0)");
   }

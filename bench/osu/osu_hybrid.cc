@@ -72,14 +72,14 @@ float FactorV(int r, size_t k, size_t n) {
 class HybridBench : public Collective {
  public:
   std::string program() const override { return "osu_hybrid"; }
-  void AddFlags(bench::Flags& flags) override {
+  void AddFlags(cli::Flags& flags) override {
     bench::AddModelFlags(flags, &model_flags_);
     flags.Bool("--sparse", &sparse_, "non-FC layers are kSparse (topk becomes a candidate)");
-    flags.Number("--density", &density_, bench::Range{0, 1, true, false}, "D",
+    flags.Number("--density", &density_, cli::Range{0, 1, true, false}, "D",
                  "top-k density of sparse layers, in (0, 1] (default 0.001)");
   }
   // The size is the model's: -m does not apply.
-  Status Configure(const bench::Flags& flags, Options* opt) override {
+  Status Configure(const cli::Flags& flags, Options* opt) override {
     PSD_REQUIRE_ARG(!flags.Given("-m") && !flags.Given("--message-size"),
                     "option -m does not apply: the size is the model's (--model, --scale)");
     PSD_ASSIGN_OR_RETURN(model_, bench::MakeShapedModel(model_flags_));

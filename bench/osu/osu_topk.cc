@@ -48,8 +48,8 @@ namespace {
 
 class TopkBench : public Collective {
  public:
-  void AddFlags(bench::Flags& flags) override {
-    flags.Number("-D,--density", &density_, bench::Range{0, 1, true, false}, "DENSITY",
+  void AddFlags(cli::Flags& flags) override {
+    flags.Number("-D,--density", &density_, cli::Range{0, 1, true, false}, "DENSITY",
                  "fraction of entries sent per exchange, in (0, 1] (default 0.001)");
     flags.Bool("--zero-rest", &zero_rest_,
                "unselected entries are exact zeros instead of small noise");

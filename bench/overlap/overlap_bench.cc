@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/common/flags.h"
+#include "tools/flags.h"
 #include "bench/common/model_shape.h"
 #include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
@@ -66,11 +66,11 @@ struct Args {
 
 Result<Args> ParseArgs(int argc, char** argv, bool* help) {
   Args a;
-  bench::Flags flags("poseidon_overlap_bench");
+  cli::Flags flags("poseidon_overlap_bench");
   flags.Int("--iters", &a.iters, 1, 1000000, "N", "timed iterations per mode (default 10)");
   flags.Int("--warmup", &a.warmup, 0, 1000000, "N", "warm-up iterations per mode (default 2)");
   bench::AddModelFlags(flags, &a.model, /*with_batch=*/false);
-  flags.Number("--compute-ms", &a.compute_ms, bench::Range{0, 1e6}, "MS",
+  flags.Number("--compute-ms", &a.compute_ms, cli::Range{0, 1e6}, "MS",
                "backward ms per iteration of a --model, split by layer size (default 40)");
   flags.Bool("--busy", &a.busy, "busy-wait instead of sleeping for the emulated compute");
   Status st = flags.Parse(argc, argv);
@@ -134,7 +134,7 @@ int Run(int argc, char** argv) {
     auto table_r = bad.ok() ? LoadTable(*args_r) : Result<std::vector<BenchLayer>>(bad);
     if (!table_r.ok()) {
       std::fprintf(stderr, "poseidon_overlap_bench: %s\n",
-                   bench::OptionError(table_r.status()).ToString().c_str());
+                   cli::OptionError(table_r.status()).ToString().c_str());
       MPI_Finalize();
       return 2;
     }

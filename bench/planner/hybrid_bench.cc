@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/common/flags.h"
+#include "tools/flags.h"
 #include "bench/common/model_shape.h"
 #include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
@@ -198,7 +198,7 @@ int ModelStep(std::shared_ptr<Communicator> comm, const CostModel& model, const 
   if (!shaped.ok()) {
     if (root) {
       std::fprintf(stderr, "poseidon_hybrid_bench: %s\n",
-                   bench::OptionError(shaped.status()).message().c_str());
+                   cli::OptionError(shaped.status()).message().c_str());
     }
     return 2;
   }
@@ -261,7 +261,7 @@ int ModelStep(std::shared_ptr<Communicator> comm, const CostModel& model, const 
 
 int Main(int argc, char** argv) {
   Options o;
-  bench::Flags flags("poseidon_hybrid_bench");
+  cli::Flags flags("poseidon_hybrid_bench");
   flags.Int("--iters", &o.iters, 1, 1000000, "N", "timed steps per case (default 5)");
   bench::AddModelFlags(flags, &o.model, /*with_batch=*/false);
   long long batch = static_cast<long long>(o.batch);

@@ -1,12 +1,12 @@
-// The benchmarks' flag parser (see flags.h).
-#include "bench/common/flags.h"
+// The command-line flag parser of the benchmarks and tools (see flags.h).
+#include "tools/flags.h"
 
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
 
-namespace poseidon::bench {
+namespace poseidon::cli {
 namespace {
 
 std::vector<std::string> Split(const std::string& s, char sep) {
@@ -205,4 +205,4 @@ std::string Flags::Usage() const {
   return out;
 }
 
-}  // namespace poseidon::bench
+}  // namespace poseidon::cli

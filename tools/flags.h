@@ -1,4 +1,6 @@
-// One command-line parser for every benchmark.
+// One command-line parser for every program with flags: the benchmarks and poseidon_plan. In
+// tools/ (library poseidon_flags, runtime only) so that the tools, built without the
+// benchmarks, and the benchmarks share it.
 //
 // A program declares each flag once: its spellings ("-i,--iters"), where the value goes, the
 // valid range and a help line. Parse takes "--name value", "--name=value" and "-x value" alike,
@@ -16,7 +18,7 @@
 
 #include "runtime/status.h"
 
-namespace poseidon::bench {
+namespace poseidon::cli {
 
 // Bounds of a number flag; an open end excludes its bound: (0, 1] is {0, 1, true, false}.
 struct Range {
@@ -84,4 +86,4 @@ Result<double> ParseNumber(const std::string& flag, const std::string& value, Ra
 // Comma-separated items ("2,4,8"); an empty item is an error.
 Result<std::vector<std::string>> SplitList(const std::string& flag, const std::string& value);
 
-}  // namespace poseidon::bench
+}  // namespace poseidon::cli
