@@ -5,5 +5,6 @@
 if(POSEIDON_CUDA_ENABLED AND TARGET poseidon_kernels_cuda)
   find_package(benchmark REQUIRED)
   add_executable(topk_gpu_bench gpu/topk_gpu_bench.cu)
-  target_link_libraries(topk_gpu_bench PRIVATE poseidon_kernels_cuda benchmark::benchmark)
+  target_link_libraries(topk_gpu_bench PRIVATE poseidon_kernels_cuda poseidon_bench_common
+                                               benchmark::benchmark)
 endif()

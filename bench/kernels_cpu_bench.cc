@@ -431,11 +431,8 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   const auto preamble = poseidon::bench::Preamble::Gather(
       "kernels_cpu_bench", "the CPU kernels, each beside its peer, one thread");
-  for (const auto& [key, value] : preamble.Facts()) {
-    // Google Benchmark reports the host, date and core count itself.
-    if (key == "cpu" || key == "os" || key == "mpi" || key == "build") {
-      benchmark::AddCustomContext(key, value);
-    }
+  for (const auto& [key, value] : preamble.BenchmarkContext()) {
+    benchmark::AddCustomContext(key, value);
   }
   poseidon::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -135,4 +135,8 @@ std::vector<std::pair<std::string, std::string>> Preamble::Facts() const {
   return f;
 }
 
+std::vector<std::pair<std::string, std::string>> Preamble::BenchmarkContext() const {
+  return {{"cpu", cpu}, {"os", os}, {"mpi", mpi}, {"build", build}};
+}
+
 }  // namespace poseidon::bench

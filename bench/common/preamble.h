@@ -5,7 +5,8 @@
 // Two forms of the same facts: Text(), '# ' lines for people and for bench/cluster/report.py
 // (which keeps some of them by their first word: the program, host, ranks, network, build);
 // JsonMembers(), members of a program's JSON document, read by bench/osu/best_peer.py. Google
-// Benchmark programs add Facts() to its context instead (it prints the machine itself).
+// Benchmark programs add BenchmarkContext() to its context instead (it prints the host, date
+// and cores itself).
 #pragma once
 
 #include <string>
@@ -39,6 +40,9 @@ struct Preamble {
   // backend, memory, settings, build, date), each ending with a comma.
   std::string JsonMembers() const;
   std::vector<std::pair<std::string, std::string>> Facts() const;
+  // The facts Google Benchmark does not print itself (cpu, os, mpi, build), for
+  // benchmark::AddCustomContext.
+  std::vector<std::pair<std::string, std::string>> BenchmarkContext() const;
 };
 
 // "Poseidon 0.1.0 Release, GNU 12.2.0, CUDA off, NCCL off, BLAS <library>".

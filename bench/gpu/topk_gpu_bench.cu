@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/preamble.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "runtime/cuda_util.h"
 
@@ -277,9 +278,15 @@ int main(int argc, char** argv) {
     std::printf("topk_gpu_bench: no GPU: skipped (%s)\n", count.status().message().c_str());
     return 0;
   }
-  std::printf("topk_gpu_bench: %s\n", poseidon::DescribeCudaDevices().c_str());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // The preamble every benchmark prints, in Google Benchmark's context (as kernels_cpu_bench).
+  const auto preamble = poseidon::bench::Preamble::Gather(
+      "topk_gpu_bench", "the fused GPU top-k select beside a full radix sort and a device copy");
+  for (const auto& [key, value] : preamble.BenchmarkContext()) {
+    benchmark::AddCustomContext(key, value);
+  }
+  benchmark::AddCustomContext("gpu", poseidon::DescribeCudaDevices());
   poseidon::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.PrintRatios();
