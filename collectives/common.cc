@@ -86,22 +86,21 @@ Status CheckSubmission(const LayerSpec& layer, StrategyKind strategy, const Exch
   PSD_REQUIRE_ARG(n == 0 || !layer.optimizer.enabled() || buf.params != nullptr, "layer '",
                   layer.name, "' has an optimizer (", OptimizerName(layer.optimizer.kind),
                   ") but params is null; expected the ", n, " parameters");
-  PSD_REQUIRE_ARG(buf.batch == 0 || (buf.u == nullptr) == (buf.v == nullptr), "layer '",
-                  layer.name, "': only one of u (", static_cast<const void*>(buf.u), ") and v (",
+  PSD_REQUIRE_ARG(buf.batch == 0 || (buf.u == nullptr) == (buf.v == nullptr), "layer '", layer.name,
+                  "': only one of u (", static_cast<const void*>(buf.u), ") and v (",
                   static_cast<const void*>(buf.v), ") is given for a batch of ", buf.batch,
                   " rows; expected both factors or neither");
   PSD_REQUIRE_ARG(fc || (buf.u == nullptr && buf.v == nullptr), "layer '", layer.name, "' is ",
                   LayerKindName(layer.kind),
                   "; sufficient factors (u, v) need a fully connected layer");
-  PSD_REQUIRE_ARG(fc || buf.batch == 0, "layer '", layer.name, "' is ",
-                  LayerKindName(layer.kind), ": batch ", buf.batch,
-                  " without factors; expected 0");
+  PSD_REQUIRE_ARG(fc || buf.batch == 0, "layer '", layer.name, "' is ", LayerKindName(layer.kind),
+                  ": batch ", buf.batch, " without factors; expected 0");
   // sfb exchanges the factors and rebuilds grad from them: a dense gradient alone would be
   // overwritten, not sent. (Null factors with batch 0: this rank has no rows.)
-  PSD_REQUIRE_ARG(strategy != StrategyKind::kSfb || buf.batch == 0 ||
-                      (buf.u != nullptr && buf.v != nullptr),
-                  "layer '", layer.name, "' is planned as sfb but no factors were given for a ",
-                  "batch of ", buf.batch, " rows; expected u and v (batch x M, batch x N)");
+  PSD_REQUIRE_ARG(
+      strategy != StrategyKind::kSfb || buf.batch == 0 || (buf.u != nullptr && buf.v != nullptr),
+      "layer '", layer.name, "' is planned as sfb but no factors were given for a batch of ",
+      buf.batch, " rows; expected u and v (batch x M, batch x N)");
   return Status::Ok();
 }
 

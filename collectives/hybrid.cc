@@ -124,8 +124,8 @@ Status HybridCollective::Exchange(int id, const ExchangeBuffers& buffers, int64_
   const StrategyKind kind = strategy(id);
   if (Status st = CheckSubmission(l.spec, kind, buffers); !st.ok()) {
     return strategy_internal::FailTogether(ctx_, st.WithPrefix("Exchange: "))
-        .WithPrefix(StrCat("while exchanging layer ", l.spec.name, " with ", StrategyName(kind),
-                           ": "));
+        .WithPrefix(
+            StrCat("while exchanging layer ", l.spec.name, " with ", StrategyName(kind), ": "));
   }
   return ExchangeChecked(id, buffers, step);
 }

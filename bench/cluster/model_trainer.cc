@@ -44,13 +44,13 @@
 #include <vector>
 
 #include "bench/cluster/trainer_options.h"
-#include "tools/flags.h"
 #include "bench/common/model_shape.h"
 #include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
 #include "collectives/planner.h"
 #include "engine/engine.h"
 #include "runtime/communicator.h"
+#include "tools/flags.h"
 
 namespace poseidon::cluster {
 namespace {

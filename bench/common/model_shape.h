@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "tools/flags.h"
 #include "collectives/layer.h"
 #include "runtime/status.h"
+#include "tools/flags.h"
 #include "tools/models/models.h"
 
 namespace poseidon::bench {

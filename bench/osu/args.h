@@ -21,9 +21,9 @@
 #include <cstddef>
 #include <string>
 
-#include "tools/flags.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
+#include "tools/flags.h"
 
 namespace poseidon::osu {
 

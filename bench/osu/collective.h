@@ -6,12 +6,12 @@
 #include <cstddef>
 #include <string>
 
-#include "tools/flags.h"
 #include "bench/osu/args.h"
 #include "runtime/backend.h"
 #include "runtime/communicator.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
+#include "tools/flags.h"
 
 namespace poseidon::osu {
 

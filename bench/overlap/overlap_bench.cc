@@ -27,12 +27,12 @@
 #include <thread>
 #include <vector>
 
-#include "tools/flags.h"
 #include "bench/common/model_shape.h"
 #include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
 #include "engine/engine.h"
 #include "runtime/settings.h"
+#include "tools/flags.h"
 
 namespace poseidon {
 namespace {

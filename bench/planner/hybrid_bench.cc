@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "tools/flags.h"
 #include "bench/common/model_shape.h"
 #include "bench/common/preamble.h"
 #include "collectives/hybrid.h"
+#include "tools/flags.h"
 
 namespace poseidon {
 namespace {

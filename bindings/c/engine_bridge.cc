@@ -82,14 +82,13 @@ class EngineBridgeImpl : public EngineBridge {
     // The callback runs on the engine thread; the CommState outlives the engine (Stop runs
     // before the state is freed), so the raw pointer is safe. Aborts are left to Health / Stop,
     // which tell a clean shutdown on some rank from a failure.
-    PSD_ASSIGN_OR_RETURN(HandlePtr h,
-                         engine_->TrySubmit("psdSubmit", layer, g, step,
-                                            [state, stopping](const Status& s) {
-                                              if (!s.ok() && s.code() != StatusCode::kAborted &&
-                                                  !stopping->load()) {
-                                                state->SetAsyncError(s);
-                                              }
-                                            }));
+    PSD_ASSIGN_OR_RETURN(
+        HandlePtr h,
+        engine_->TrySubmit("psdSubmit", layer, g, step, [state, stopping](const Status& s) {
+          if (!s.ok() && s.code() != StatusCode::kAborted && !stopping->load()) {
+            state->SetAsyncError(s);
+          }
+        }));
     ++steps_[static_cast<size_t>(layer)];
     return h;
   }

@@ -334,8 +334,7 @@ class Comm {
           if (fc && (vv2.shape.size() != 2 || vv2.shape[0] != batch || vv2.shape[1] != n)) {
             BadArg(at + "v has shape " + ShapeText(vv2.shape) + "; expected " +
                    std::to_string(batch) + " x " + std::to_string(n) + " (K x N, K = " +
-                   std::to_string(batch) + " as u, for layer shape " + ShapeText(want.shape) +
-                   ")");
+                   std::to_string(batch) + " as u, for layer shape " + ShapeText(want.shape) + ")");
           }
           vv = static_cast<const float*>(vv2.data);
         }
