@@ -11,11 +11,7 @@
 #                                                    once; 0 runs the corpus inputs only)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ -f "$root/bindings/python/CMakeLists.txt" ]]; then
-  "$root/scripts/install-deps.sh" --python
-else
-  "$root/scripts/install-deps.sh"
-fi
+"$root/scripts/install-deps.sh" --python
 "$root/scripts/build.sh"
 build="${POSEIDON_BUILD_DIR:-$root/build}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
