@@ -11,6 +11,7 @@
 #include "runtime/liveness.h"
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
+#include "runtime/or_agreement.h"
 #include "runtime/settings.h"
 #if POSEIDON_CUDA_ENABLED
 #include "runtime/cuda_util.h"
@@ -149,26 +150,24 @@ Result<std::unique_ptr<Backend>> Communicator::MakeDeviceBackend() {
   int device = -1;
   if (local.ok()) local = count.status();
   if (local.ok()) local = CudaStatus(cudaGetDevice(&device), "cudaGetDevice");
-  int ok = local.ok() ? 1 : 0;
-  int all_ok = 0;
-  int rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce(GPU check)", rc);
+  PSD_ASSIGN_OR_RETURN(bool any_bad,
+                       or_agreement::RaisedAnywhere(comm_, !local.ok(), "GPU check"));
   if (!local.ok()) {
     return Status(local.code(), StrCat(call, ": rank ", rank_, ": ", local.message()));
   }
-  if (!all_ok) {
+  if (any_bad) {
     return UnavailableError(call, ": another rank has no usable GPU (or a bad "
                             "POSEIDON_DEVICE_BACKEND), so no device backend can span the ranks");
   }
   // Distinct devices among the ranks of this node, then on every node.
   std::vector<int> local_devices(static_cast<size_t>(local_size_));
-  rc = MPI_Allgather(&device, 1, MPI_INT, local_devices.data(), 1, MPI_INT, local_comm_);
+  int rc = MPI_Allgather(&device, 1, MPI_INT, local_devices.data(), 1, MPI_INT, local_comm_);
   if (rc != MPI_SUCCESS) return MpiError("MPI_Allgather(local devices)", rc);
   std::set<int> distinct(local_devices.begin(), local_devices.end());
-  int mine_distinct = distinct.size() == local_devices.size() ? 1 : 0;
-  int all_distinct = 0;
-  rc = MPI_Allreduce(&mine_distinct, &all_distinct, 1, MPI_INT, MPI_MIN, comm_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Allreduce(device check)", rc);
+  PSD_ASSIGN_OR_RETURN(bool shared_somewhere,
+                       or_agreement::RaisedAnywhere(comm_, distinct.size() != local_devices.size(),
+                                                    "device check"));
+  const bool all_distinct = !shared_somewhere;
 
 #if POSEIDON_NCCL_ENABLED
   bool use_nccl = mode == "nccl" || (mode == "auto" && all_distinct);

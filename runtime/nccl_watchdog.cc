@@ -129,15 +129,15 @@ Result<std::unique_ptr<NcclBackend>> NcclBackend::Create(MPI_Comm comm, double t
     ncclCommAbort(b->comm_);
     b->comm_ = nullptr;
   }
-  auto agree = std::make_shared<std::vector<int>>(2);  // [0]: mine, [1]: the minimum
-  (*agree)[0] = local.ok() ? 1 : 0;
-  Status agreed = bounded("MPI_Allreduce(NCCL init check)", agree, [&](MPI_Request* req) {
-    int* a = agree->data();
-    return req == nullptr ? MPI_Allreduce(a, a + 1, 1, MPI_INT, MPI_MIN, comm)
-                          : MPI_Iallreduce(a, a + 1, 1, MPI_INT, MPI_MIN, comm, req);
+  // A flag word (runtime/or_agreement.h): raised where the init failed.
+  auto failed = std::make_shared<uint64_t>(local.ok() ? 0 : 1);
+  Status agreed = bounded("MPI_Allreduce(NCCL init check)", failed, [&](MPI_Request* req) {
+    uint64_t* f = failed.get();
+    return req == nullptr ? MPI_Allreduce(MPI_IN_PLACE, f, 1, MPI_UINT64_T, MPI_BOR, comm)
+                          : MPI_Iallreduce(MPI_IN_PLACE, f, 1, MPI_UINT64_T, MPI_BOR, comm, req);
   });
   if (!local.ok()) return local;
-  if (!agreed.ok() || (*agree)[1] == 0) {
+  if (!agreed.ok() || *failed != 0) {
     // The destructor aborts: a peer's init failed, so this communicator can never be used.
     b->aborted_ = true;
     ncclCommAbort(b->comm_);

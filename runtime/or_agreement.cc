@@ -24,4 +24,10 @@ Status OrAllReduce(MPI_Comm comm, uint64_t* words, size_t n, const MpiWait& how,
   });
 }
 
+Result<bool> RaisedAnywhere(MPI_Comm comm, bool raised, const char* what) {
+  uint64_t flag = raised ? 1 : 0;
+  PSD_CHECK(OrAllReduce(comm, &flag, 1, MpiWait{nullptr, what}, nullptr));
+  return flag != 0;
+}
+
 }  // namespace poseidon::or_agreement

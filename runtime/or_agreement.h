@@ -54,6 +54,10 @@ inline bool SetEverywhere(const uint64_t* complement, int i) {
   return !((complement[i / 64] >> (i % 64)) & 1);
 }
 
+// Whether any rank of comm raised its flag: one bitwise-OR allreduce of one flag word
+// (blocking). Every rank calls it alike; an MPI failure returns kBackendError naming `what`.
+Result<bool> RaisedAnywhere(MPI_Comm comm, bool raised, const char* what);
+
 // words[0..n) = bitwise OR over the ranks of comm, in place. Blocking when how.interrupt is
 // null; else posted and polled under it (RunMpi: an interrupt abandons the exchange, and
 // `keep`, which must own `words`, stays alive with MPI). Every rank passes the same n.

@@ -154,9 +154,10 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(segment), 1, info, s->local_, &base,
                                &s->win_);
   MPI_Info_free(&info);
-  int ok = (rc == MPI_SUCCESS) ? 1 : 0, all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, s->local_);
-  if (!all_ok) {
+  PSD_ASSIGN_OR_RETURN(bool any_failed,
+                       or_agreement::RaisedAnywhere(s->local_, rc != MPI_SUCCESS,
+                                                    "ShmCollectives: window allocation check"));
+  if (any_failed) {
     if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Win_allocate_shared", rc);
     return BackendError("ShmCollectives: MPI_Win_allocate_shared of ", segment,
                         " bytes per rank failed on another rank");
