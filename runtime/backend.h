@@ -10,6 +10,8 @@
 //    an error naming the call, the value and the ranks involved, so no rank is left waiting.
 //    CallOptions::agreed skips the allreduce when the caller has verified agreement itself.
 //  - Non-blocking calls (I*) skip that check: the engine verifies agreement itself.
+//  - Every backend derives from CheckedBackend (checked_backend.h), where these local checks
+//    and the agreement are written once; a backend writes only how it moves the bytes.
 //  - send == recv means in place where the call allows it (AllReduce).
 #pragma once
 
