@@ -28,6 +28,30 @@
 
 namespace poseidon {
 
+// Declares, inside a class derived from CheckedBackend, the overrides of its nine Do* hooks
+// (every backend implements all of them).
+#define PSD_CHECKED_BACKEND_HOOKS                                                              \
+  Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype,                  \
+                     const CallOptions& opts, const CollectiveArgs& args) override;            \
+  Status DoReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,      \
+                         DType dtype, const CallOptions& opts, const CollectiveArgs& args)     \
+      override;                                                                                \
+  Status DoAllGather(const void* send, void* recv, size_t count, DType dtype,                  \
+                     const CallOptions& opts, const CollectiveArgs& args) override;            \
+  Status DoAllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,         \
+                      DType dtype, const CallOptions& opts, const CollectiveArgs& args)        \
+      override;                                                                                \
+  Status DoBroadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& opts,  \
+                     const CollectiveArgs& args) override;                                     \
+  Result<std::unique_ptr<Request>> DoIAllReduce(const void* send, void* recv, size_t count,    \
+                                                DType dtype, const CallOptions& opts) override; \
+  Result<std::unique_ptr<Request>> DoIReduceScatter(                                           \
+      const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,            \
+      const CallOptions& opts) override;                                                       \
+  Result<std::unique_ptr<Request>> DoIAllGatherV(                                              \
+      const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,            \
+      const CallOptions& opts) override;
+
 class CheckedBackend : public Backend {
  public:
   Status AllReduce(const void* send, void* recv, size_t count, DType dtype,

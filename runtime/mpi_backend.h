@@ -65,19 +65,7 @@ class MpiBackend : public CheckedBackend {
   Status CheckElements(const char* call, size_t elements) const override;
   // Each first refuses at once when an earlier call gave up (the communicator is then dead:
   // even the agreement cannot run), then agrees through Checked.
-  Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
-                     const CallOptions& opts, const CollectiveArgs& args) override;
-  Status DoReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
-                         DType dtype, const CallOptions& opts,
-                         const CollectiveArgs& args) override;
-  Status DoAllGather(const void* send, void* recv, size_t count, DType dtype,
-                     const CallOptions& opts, const CollectiveArgs& args) override;
-  Status DoAllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
-                      DType dtype, const CallOptions& opts, const CollectiveArgs& args) override;
-  Status DoBroadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& opts,
-                     const CollectiveArgs& args) override;
-  Result<std::unique_ptr<Request>> DoIAllReduce(const void* send, void* recv, size_t count,
-                                                DType dtype, const CallOptions& opts) override;
+  PSD_CHECKED_BACKEND_HOOKS
   Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
                                                     const std::vector<size_t>& counts,
                                                     DType dtype,

@@ -70,19 +70,7 @@ class StagedBackend : public CheckedBackend {
   Status Agree(const CollectiveArgs& args, const Interrupt* interrupt) override;
   // Each stages its input into pinned memory first: a failed copy joins the local outcome
   // that the ranks agree on.
-  Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype,
-                     const CallOptions& opts, const CollectiveArgs& args) override;
-  Status DoReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts,
-                         DType dtype, const CallOptions& opts,
-                         const CollectiveArgs& args) override;
-  Status DoAllGather(const void* send, void* recv, size_t count, DType dtype,
-                     const CallOptions& opts, const CollectiveArgs& args) override;
-  Status DoAllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
-                      DType dtype, const CallOptions& opts, const CollectiveArgs& args) override;
-  Status DoBroadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& opts,
-                     const CollectiveArgs& args) override;
-  Result<std::unique_ptr<Request>> DoIAllReduce(const void* send, void* recv, size_t count,
-                                                DType dtype, const CallOptions& opts) override;
+  PSD_CHECKED_BACKEND_HOOKS
   Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
                                                     const std::vector<size_t>& counts,
                                                     DType dtype,
