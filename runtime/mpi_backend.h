@@ -66,13 +66,6 @@ class MpiBackend : public CheckedBackend {
   // Each first refuses at once when an earlier call gave up (the communicator is then dead:
   // even the agreement cannot run), then agrees through Checked.
   PSD_CHECKED_BACKEND_HOOKS
-  Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
-                                                    const std::vector<size_t>& counts,
-                                                    DType dtype,
-                                                    const CallOptions& opts) override;
-  Result<std::unique_ptr<Request>> DoIAllGatherV(const void* send, void* recv,
-                                                 const std::vector<size_t>& counts, DType dtype,
-                                                 const CallOptions& opts) override;
 
  private:
   // How the call named `call` ("MpiBackend::AllReduce") waits, given its options.

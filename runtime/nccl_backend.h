@@ -114,13 +114,6 @@ class NcclBackend : public CheckedBackend {
   // AgreeOnArgs over the MPI communicator, under POSEIDON_CHECK_ARGS.
   Status Agree(const CollectiveArgs& args, const Interrupt* interrupt) override;
   PSD_CHECKED_BACKEND_HOOKS
-  Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
-                                                    const std::vector<size_t>& counts,
-                                                    DType dtype,
-                                                    const CallOptions& opts) override;
-  Result<std::unique_ptr<Request>> DoIAllGatherV(const void* send, void* recv,
-                                                 const std::vector<size_t>& counts, DType dtype,
-                                                 const CallOptions& opts) override;
 
  private:
   // An enqueued operation the watchdog follows: the event recorded after it.

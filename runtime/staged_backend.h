@@ -71,13 +71,6 @@ class StagedBackend : public CheckedBackend {
   // Each stages its input into pinned memory first: a failed copy joins the local outcome
   // that the ranks agree on.
   PSD_CHECKED_BACKEND_HOOKS
-  Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
-                                                    const std::vector<size_t>& counts,
-                                                    DType dtype,
-                                                    const CallOptions& opts) override;
-  Result<std::unique_ptr<Request>> DoIAllGatherV(const void* send, void* recv,
-                                                 const std::vector<size_t>& counts, DType dtype,
-                                                 const CallOptions& opts) override;
 
  private:
   struct InFlight;
