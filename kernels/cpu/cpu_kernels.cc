@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/owned_buffer.h"
 #include "kernels/scatter_report.h"
 
 namespace poseidon {
@@ -26,21 +27,8 @@ class HostScatterWorkspace final : public ScatterWorkspace {
   Status fault;
 };
 
-// Host memory from std::aligned_alloc, zero-filled, freed with std::free.
-class HostBuffer final : public KernelBuffer {
- public:
-  HostBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
-  ~HostBuffer() override { std::free(data_); }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  void* data() const override { return data_; }
-  size_t bytes() const override { return bytes_; }
-  MemoryKind memory() const override { return MemoryKind::kHost; }
-
- private:
-  void* data_;
-  size_t bytes_;
-};
+// Frees a block of Allocate (std::aligned_alloc).
+void FreeHost(void* data) { std::free(data); }
 
 // The alignment of Allocate: a cache line, the widest vector load.
 constexpr size_t kAlignment = 64;
@@ -200,7 +188,10 @@ class CpuKernelsImpl final : public Kernels {
 
   // Zero-filled host memory aligned to kAlignment.
   Result<std::unique_ptr<KernelBuffer>> DoAllocate(size_t bytes) const override {
-    if (bytes == 0) return std::unique_ptr<KernelBuffer>(new HostBuffer(nullptr, 0));
+    if (bytes == 0) {
+      return std::unique_ptr<KernelBuffer>(
+          new OwnedKernelBuffer(nullptr, 0, MemoryKind::kHost, FreeHost));
+    }
     PSD_REQUIRE_ARG(bytes <= SIZE_MAX - kAlignment, "Allocate: ", bytes,
                     " bytes is beyond the address space; expected a buffer size that fits");
     // aligned_alloc needs a size that is a multiple of the alignment.
@@ -209,7 +200,8 @@ class CpuKernelsImpl final : public Kernels {
     PSD_REQUIRE(p != nullptr, StatusCode::kUnavailable, "Allocate: ", bytes,
                 " bytes of host memory are not available (aligned_alloc failed)");
     std::memset(p, 0, rounded);
-    return std::unique_ptr<KernelBuffer>(new HostBuffer(p, bytes));
+    return std::unique_ptr<KernelBuffer>(
+        new OwnedKernelBuffer(p, bytes, MemoryKind::kHost, FreeHost));
   }
 
   Status DoScale(float* data, size_t n, float scale, void* /*stream*/) const override {

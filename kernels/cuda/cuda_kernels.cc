@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/owned_buffer.h"
 #include "runtime/cuda_util.h"
 
 namespace poseidon {
@@ -45,24 +46,9 @@ Result<cublasHandle_t> CublasHandle() {
   return handle;
 }
 
-// Device memory from cudaMalloc. cudaFree waits for the device, so a buffer may be dropped
-// while kernels that use it are still queued.
-class DeviceMemory final : public KernelBuffer {
- public:
-  DeviceMemory(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
-  ~DeviceMemory() override {
-    if (data_ != nullptr) (void)cudaFree(data_);
-  }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  void* data() const override { return data_; }
-  size_t bytes() const override { return bytes_; }
-  MemoryKind memory() const override { return MemoryKind::kDevice; }
-
- private:
-  void* data_;
-  size_t bytes_;
-};
+// Frees a block of Allocate (cudaMalloc). cudaFree waits for the device, so a buffer may be
+// dropped while kernels that use it are still queued.
+void FreeDevice(void* data) { (void)cudaFree(data); }
 
 class CudaKernelsImpl final : public Kernels {
  public:
@@ -223,14 +209,18 @@ class CudaKernelsImpl final : public Kernels {
   }
 
   Result<std::unique_ptr<KernelBuffer>> DoAllocate(size_t bytes) const override {
-    if (bytes == 0) return std::unique_ptr<KernelBuffer>(new DeviceMemory(nullptr, 0));
+    if (bytes == 0) {
+      return std::unique_ptr<KernelBuffer>(
+          new OwnedKernelBuffer(nullptr, 0, MemoryKind::kDevice, FreeDevice));
+    }
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       return CudaStatus(err, StrCat("Allocate: cudaMalloc(", bytes, " bytes)").c_str());
     }
-    auto buf = std::unique_ptr<KernelBuffer>(new DeviceMemory(p, bytes));
+    auto buf = std::unique_ptr<KernelBuffer>(
+        new OwnedKernelBuffer(p, bytes, MemoryKind::kDevice, FreeDevice));
     // Zeros in place before any stream (blocking or not) can use the buffer.
     PSD_CHECK(CudaStatus(cudaMemset(p, 0, bytes), "Allocate: cudaMemset"));
     PSD_CHECK(CudaStatus(cudaStreamSynchronize(nullptr), "Allocate: cudaStreamSynchronize"));
