@@ -30,10 +30,8 @@ double NowUs() {
 }  // namespace
 
 Status HybridCollective::ReserveFusion(size_t bytes) {
-  if (fusion_buf_ != nullptr && fusion_buf_->bytes() >= bytes) return Status::Ok();
-  fusion_buf_.reset();
-  PSD_ASSIGN_OR_RETURN(fusion_buf_, ctx_.kernels->Allocate(std::max<size_t>(bytes, 4)));
-  return Status::Ok();
+  // At least one float, so the buffer exists (non-null) once reserved.
+  return fusion_buf_.Grow(*ctx_.kernels, std::max<size_t>(bytes, 4));
 }
 
 DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
@@ -78,13 +76,13 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
     Status s;
     if (batch.pad > 0) {
       // Zeros for a rank without the data: summed into the fusion buffer and dropped.
-      if (fusion_buf_ == nullptr || fusion_buf_->bytes() < batch.pad * sizeof(float)) {
+      if (fusion_buf_.bytes() < batch.pad * sizeof(float)) {
         s = InternalError("ExchangeDense: padding of ", batch.pad * sizeof(float),
                           " bytes outgrew the reserved fusion buffer");
       } else {
-        s = k.Fill(fusion_buf_->as<float>(), batch.pad, 0.0f, call.stream);
+        s = k.Fill(fusion_buf_.as<float>(), batch.pad, 0.0f, call.stream);
       }
-      if (s.ok()) pieces.push_back({fusion_buf_->as<float>(), fusion_buf_->as<float>(), batch.pad});
+      if (s.ok()) pieces.push_back({fusion_buf_.as<float>(), fusion_buf_.as<float>(), batch.pad});
     }
     if (s.ok()) {
       SumCommit commit;
@@ -128,16 +126,16 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
     // allocates on one rank only; a group that outgrew it is a planning bug, and failing here
     // would leave the peers in the allreduce, so it is reported after taking part.
     Status s;
-    if (fusion_buf_ == nullptr || fusion_buf_->bytes() < total * sizeof(float)) {
+    if (fusion_buf_.bytes() < total * sizeof(float)) {
       s = InternalError("ExchangeDense: a fused group of ", total * sizeof(float),
                         " bytes outgrew the reserved fusion buffer (",
-                        fusion_buf_ ? fusion_buf_->bytes() : 0, " bytes)");
+                        fusion_buf_.bytes(), " bytes)");
     }
     if (!s.ok()) {
       fail_all(s);
       return;
     }
-    float* buf = fusion_buf_->as<float>();
+    float* buf = fusion_buf_.as<float>();
     const size_t data_elems = total - batch.trailer.size();
     for (size_t i = 0; i < nparts; ++i) {
       const DensePart& p = batch.parts[i];

@@ -200,9 +200,9 @@ class HybridCollective {
   CostModel model_;
   std::optional<Plan> plan_;
   Traffic total_;
-  std::unique_ptr<KernelBuffer> fusion_buf_;  // ExchangeDense's packing buffer
-  std::vector<SumPiece> pieces_;              // ExchangeDense's piece list, kept across calls
-  std::vector<float*> summed_;                // and its parts left in the fusion buffer
+  StrategyBuffer fusion_buf_;     // ExchangeDense's packing buffer (grown by ReserveFusion)
+  std::vector<SumPiece> pieces_;  // ExchangeDense's piece list, kept across calls
+  std::vector<float*> summed_;    // and its parts left in the fusion buffer
 };
 
 }  // namespace poseidon
