@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 
+#include "kernels/cuda/device_block.h"
 #include "kernels/cuda/launch.h"
 #include "runtime/cuda_util.h"
 
@@ -100,26 +102,28 @@ __global__ void FillKernel(float* data, size_t n, float value) {
 }
 
 // Per-thread, per-device scratch for ScatterAdd's bad-index report (device word + pinned
-// mirror), made on first use. Never freed: it lives as long as the thread, and freeing CUDA
-// memory from thread-exit destructors can run after the runtime has shut down.
+// mirror), made on first use on each device. Never freed: it lives as long as the thread, and
+// freeing CUDA memory from thread-exit destructors can run after the runtime has shut down, so
+// each thread keeps a pointer to a heap copy that is never deleted (a switch to another device
+// makes a new one and leaves the old one allocated).
 struct ScatterScratch {
-  int device = -1;
-  unsigned long long* d_bad = nullptr;
-  unsigned long long* h_bad = nullptr;
+  DeviceBlock bad;                       // the first bad position, ULLONG_MAX when none
+  PinnedMirror<unsigned long long> host;  // its copy, read once the stream has finished
 };
 
 Result<ScatterScratch*> GetScatterScratch() {
-  thread_local ScatterScratch s;
+  thread_local int scratch_device = -1;
+  thread_local ScatterScratch* scratch = nullptr;
   int device = 0;
   PSD_CUDA_CHECK(cudaGetDevice(&device));
-  if (s.device != device) {
-    PSD_CHECK(AllocOrClear(cudaMalloc(&s.d_bad, sizeof(unsigned long long)),
-                           "ScatterAdd: cudaMalloc(8 bytes)"));
-    PSD_CHECK(AllocOrClear(cudaMallocHost(&s.h_bad, sizeof(unsigned long long)),
-                           "ScatterAdd: cudaMallocHost(8 bytes)"));
-    s.device = device;
+  if (scratch_device != device) {
+    auto s = std::make_unique<ScatterScratch>();
+    PSD_CHECK(s->bad.Grow(sizeof(unsigned long long), "ScatterAdd's bad-index word"));
+    PSD_CHECK(s->host.Make(ULLONG_MAX, "ScatterAdd's bad-index word"));
+    scratch = s.release();
+    scratch_device = device;
   }
-  return &s;
+  return scratch;
 }
 
 }  // namespace
@@ -132,14 +136,16 @@ Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* 
                         cudaStream_t stream) {
   PSD_CHECK(ClearStaleError("ScatterAdd"));
   PSD_ASSIGN_OR_RETURN(ScatterScratch * s, GetScatterScratch());
-  PSD_CUDA_CHECK(cudaMemsetAsync(s->d_bad, 0xff, sizeof(unsigned long long), stream));
-  FindBadIndex<<<GridFor(m), kThreads, 0, stream>>>(idx, m, n, s->d_bad);
-  ScatterAddKernel<<<GridFor(m), kThreads, 0, stream>>>(idx, val, m, dense, s->d_bad);
+  auto* d_bad = s->bad.as<unsigned long long>();
+  PSD_CUDA_CHECK(cudaMemsetAsync(d_bad, 0xff, sizeof(unsigned long long), stream));
+  FindBadIndex<<<GridFor(m), kThreads, 0, stream>>>(idx, m, n, d_bad);
+  ScatterAddKernel<<<GridFor(m), kThreads, 0, stream>>>(idx, val, m, dense, d_bad);
   PSD_CUDA_CHECK(cudaGetLastError());
-  PSD_CUDA_CHECK(cudaMemcpyAsync(s->h_bad, s->d_bad, sizeof(unsigned long long),
-                                 cudaMemcpyDeviceToHost, stream));
+  PSD_CUDA_CHECK(s->host.CopyFrom(d_bad, stream));
   PSD_CUDA_CHECK(cudaStreamSynchronize(stream));
-  unsigned long long bad = *s->h_bad;
+  // The stream has finished, so nothing writes the copy and the two reads agree.
+  unsigned long long bad = ULLONG_MAX;
+  (void)s->host.Read(&bad);
   if (bad == ULLONG_MAX) return Status::Ok();
   uint32_t value = 0;
   PSD_CUDA_CHECK(cudaMemcpy(&value, idx + bad, sizeof(value), cudaMemcpyDeviceToHost));

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "kernels/cuda/device_block.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/scatter_report.h"
 #include "runtime/cuda_util.h"
@@ -128,23 +129,14 @@ __global__ void __launch_bounds__(kThreads)
 
 class CudaScatterWorkspace final : public ScatterWorkspace {
  public:
-  ~CudaScatterWorkspace() override {
-    // Frees wait for the device (cudaFree), so queued calls finish first.
-    if (starts_ != nullptr) cudaFree(starts_);
-    if (report_ != nullptr) cudaFree(report_);
-    if (host_ != nullptr) cudaFreeHost(const_cast<scatter_report::Report*>(host_));
-  }
+  // The members free the memory (cudaFree waits for the device, so queued calls finish
+  // first).
 
   Status Fault() const override {
     if (seen_) return scatter_report::ReportStatus(first_, first_n_);
-    if (host_ == nullptr) return Status::Ok();
-    // The copy may be landing while we read: two equal reads make one consistent report.
-    scatter_report::Report a, b;
-    std::memcpy(&a, const_cast<const scatter_report::Report*>(host_), sizeof(a));
-    std::atomic_thread_fence(std::memory_order_acquire);
-    std::memcpy(&b, const_cast<const scatter_report::Report*>(host_), sizeof(b));
-    if (std::memcmp(&a, &b, sizeof(a)) != 0) return Status::Ok();
-    if (a.word == scatter_report::kClean) return Status::Ok();
+    scatter_report::Report a;
+    // No copy yet, one landing now (read again next call), or a clean report.
+    if (!host_.Read(&a) || a.word == scatter_report::kClean) return Status::Ok();
     // Kept as first seen, with the n of that moment: later calls may pass another n.
     first_ = a;
     first_n_ = n_;
@@ -156,49 +148,37 @@ class CudaScatterWorkspace final : public ScatterWorkspace {
   Status Reserve(uint64_t words, cudaStream_t stream) {
     int device = 0;
     PSD_CUDA_CHECK(cudaGetDevice(&device));
-    if (report_ != nullptr && device != device_) {
+    if (report_.data() != nullptr && device != device_) {
       return InvalidArgument("ScatterAddBlocks: this workspace was made for device ", device_,
                              " but the current device is ", device,
                              "; expected one workspace per device");
     }
-    if (report_ == nullptr) {
-      PSD_CHECK(AllocOrClear(cudaMalloc(&report_, sizeof(DeviceReport)), "cudaMalloc(report)"));
+    if (report_.data() == nullptr) {
+      PSD_CHECK(report_.Grow(sizeof(DeviceReport), "report"));
       device_ = device;
       // A clean device report: the word all ones, the rest zero (memsets, no host copy).
-      PSD_CUDA_CHECK(cudaMemsetAsync(report_, 0xff, sizeof(unsigned long long), stream));
-      PSD_CUDA_CHECK(cudaMemsetAsync(&report_->index, 0, sizeof(DeviceReport) - 8, stream));
+      DeviceReport* r = report();
+      PSD_CUDA_CHECK(cudaMemsetAsync(r, 0xff, sizeof(unsigned long long), stream));
+      PSD_CUDA_CHECK(cudaMemsetAsync(&r->index, 0, sizeof(DeviceReport) - 8, stream));
     }
-    if (host_ == nullptr) {
-      void* h = nullptr;
-      PSD_CHECK(AllocOrClear(cudaMallocHost(&h, sizeof(scatter_report::Report)),
-                             "cudaMallocHost(report)"));
-      scatter_report::Report clean;
-      std::memcpy(h, &clean, sizeof(clean));
-      host_ = static_cast<scatter_report::Report*>(h);
-    }
-    if (words > cap_words_) {
-      if (starts_ != nullptr) {
-        // Growth (first calls, a larger layer or world): cudaFree waits for the device.
-        PSD_CUDA_CHECK(cudaFree(starts_));
-        starts_ = nullptr;
-        cap_words_ = 0;
-      }
-      PSD_CHECK(AllocOrClear(cudaMalloc(&starts_, words * sizeof(uint32_t)),
-                             StrCat("cudaMalloc(", words * 4, " bytes of segment starts)")));
-      cap_words_ = words;
-    }
+    PSD_CHECK(host_.Make(scatter_report::Report{}, "report"));
+    // Growth (first calls, a larger layer or world): cudaFree waits for the device.
+    PSD_CHECK(starts_.Grow(words * sizeof(uint32_t), "segment starts"));
     return Status::Ok();
   }
+
+  uint32_t* starts() const { return starts_.as<uint32_t>(); }
+  DeviceReport* report() const { return report_.as<DeviceReport>(); }
 
   int device_ = -1;
   uint64_t n_ = 0;
   mutable bool seen_ = false;
   mutable scatter_report::Report first_;
   mutable uint64_t first_n_ = 0;
-  uint64_t cap_words_ = 0;
-  uint32_t* starts_ = nullptr;
-  DeviceReport* report_ = nullptr;
-  volatile scatter_report::Report* host_ = nullptr;
+  // Declared in reverse order of destruction: the device blocks are freed first.
+  PinnedMirror<scatter_report::Report> host_;  // the report's first 16 bytes, after every call
+  DeviceBlock report_;                         // the DeviceReport, made once
+  DeviceBlock starts_;                         // segment starts, grown as needed
 };
 
 unsigned GridFor(uint64_t threads) {
@@ -232,12 +212,11 @@ Status LaunchScatterAddBlocks(const void* blocks, int num_blocks, size_t k, floa
   w->n_ = n;
   const auto* words = static_cast<const uint32_t*>(blocks);
   CheckAndSplit<<<GridFor(entries), kThreads, 0, stream>>>(words, num_blocks, k, n, shift, segments,
-                                                           w->starts_, w->report_);
+                                                           w->starts(), w->report());
   AddSegments<<<GridFor(static_cast<uint64_t>(segments) * 32), kThreads, 0, stream>>>(
-      words, num_blocks, k, segments, w->starts_, dense, w->report_);
+      words, num_blocks, k, segments, w->starts(), dense, w->report());
   PSD_CUDA_CHECK(cudaGetLastError());
-  PSD_CUDA_CHECK(cudaMemcpyAsync(const_cast<scatter_report::Report*>(w->host_), w->report_,
-                                 sizeof(scatter_report::Report), cudaMemcpyDeviceToHost, stream));
+  PSD_CUDA_CHECK(w->host_.CopyFrom(w->report(), stream));
   return w->Fault();
 }
 

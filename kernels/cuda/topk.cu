@@ -39,6 +39,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/device_block.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/tile_scan.cuh"
 #include "kernels/topk_plan.h"
@@ -349,20 +350,15 @@ __global__ void InitState(TopKState* st) {
 
 class TopKWorkspace final : public KernelWorkspace {
  public:
-  ~TopKWorkspace() override {
-    // cudaFree waits for the device, so queued calls finish first.
-    if (block_ != nullptr) cudaFree(block_);
-    if (host_ != nullptr) cudaFreeHost(const_cast<Outcome*>(host_));
-  }
+  // The members free the memory (cudaFree waits for the device, so queued calls finish
+  // first).
 
-  // The outcome of the calls whose copy has landed (the last one once the stream has passed).
+  // The outcome of the calls whose copy has landed (the last one once the stream has passed);
+  // all zero before the first copy or while one is landing.
   Outcome Read() const {
-    Outcome a{}, b{};
-    if (host_ == nullptr) return a;
-    std::memcpy(&a, const_cast<const Outcome*>(host_), sizeof(a));
-    std::atomic_thread_fence(std::memory_order_acquire);
-    std::memcpy(&b, const_cast<const Outcome*>(host_), sizeof(b));
-    return std::memcmp(&a, &b, sizeof(a)) == 0 ? a : Outcome{};
+    Outcome o{};
+    (void)host_.Read(&o);
+    return o;
   }
 
   Status EarlierFault() const {
@@ -382,7 +378,7 @@ class TopKWorkspace final : public KernelWorkspace {
     int device = 0;
     PSD_CUDA_CHECK(cudaGetDevice(&device));
     const uint64_t cap = plan::CandidateCapacity(n, k);
-    if (block_ != nullptr && device == device_ && n <= cap_n_ && cap <= cap_slots_) {
+    if (block_.data() != nullptr && device == device_ && n <= cap_n_ && cap <= cap_slots_) {
       return Status::Ok();
     }
     if (device != device_) {
@@ -409,21 +405,13 @@ class TopKWorkspace final : public KernelWorkspace {
     const uint64_t off_ea = off_fi + align(tiles * 8);
     const uint64_t off_ei = off_ea + align(2 * tiles * 8);
     const uint64_t total = off_ei + align(2 * tiles * 8);
-    if (block_ != nullptr) {
-      PSD_CUDA_CHECK(cudaFree(block_));  // waits for the device: first call and growth only
-      block_ = nullptr;
-    }
-    void* p = nullptr;
-    PSD_CHECK(AllocOrClear(cudaMalloc(&p, total),
-                           StrCat("FusedResidualTopK: cudaMalloc(", total, " bytes workspace)")));
-    block_ = p;
-    if (host_ == nullptr) {
-      void* h = nullptr;
-      PSD_CHECK(AllocOrClear(cudaMallocHost(&h, sizeof(Outcome)),
-                             "FusedResidualTopK: cudaMallocHost(outcome)"));
-      std::memset(h, 0, sizeof(Outcome));
-      host_ = static_cast<Outcome*>(h);
-    }
+    // Frees the old block first, which waits for the device: first call, growth and another
+    // device only (on another device the block may shrink, so this is not a Grow).
+    PSD_CHECK(block_.Replace(total, "FusedResidualTopK workspace"));
+    Outcome zero;
+    std::memset(&zero, 0, sizeof(zero));
+    PSD_CHECK(host_.Make(zero, "FusedResidualTopK outcome"));
+    void* p = block_.data();
     auto* base = static_cast<unsigned char*>(p);
     work_.state = reinterpret_cast<TopKState*>(base);
     work_.hist1 = reinterpret_cast<uint32_t*>(base + off_h1);
@@ -451,8 +439,9 @@ class TopKWorkspace final : public KernelWorkspace {
   int sm_count_ = 1;
   int fused_blocks_ = 1, emit_blocks_ = 1;
   uint64_t cap_n_ = 0, cap_slots_ = 0;
-  void* block_ = nullptr;
-  volatile Outcome* host_ = nullptr;
+  // Declared in reverse order of destruction: the device block is freed first.
+  PinnedMirror<Outcome> host_;  // the outcome, copied after every call
+  DeviceBlock block_;           // the TopKState, histograms, candidates and look-back words
   Work work_{};
   // Set when a launch failed part-way through a call: the device state (counters, epoch) is
   // then mid-call, so the workspace refuses further calls.
@@ -505,8 +494,7 @@ Status LaunchFusedResidualTopK(const float* grad, float* residual, float* moment
   }
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(const_cast<Outcome*>(w->host_), &work.state->outcome, sizeof(Outcome),
-                          cudaMemcpyDeviceToHost, stream);
+    err = w->host_.CopyFrom(&work.state->outcome, stream);
   }
   const Status launched = CudaStatus(err, "FusedResidualTopK: kernel launches and outcome copy");
   if (!launched.ok()) {
