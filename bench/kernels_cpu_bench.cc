@@ -3,8 +3,8 @@
 //    write the residual: 12 bytes per element; 20 with momentum, which also reads and writes
 //    the momentum buffer), (b) the same traffic as a plain `residual += g` loop, and (c) the
 //    baseline residual add + std::nth_element on the magnitudes + emission of the selection;
-//  - scatter-add, the sufficient-factor GEMM (OpenBLAS, one thread), casts, pack / unpack,
-//    SGD / Adam fused with the sum of 4 pieces, SumInto.
+//  - scatter-add, the sufficient-factor GEMM (OpenBLAS, one thread), the runtime's half casts,
+//    pack / unpack, SGD / Adam fused with the sum of 4 pieces.
 // Sizes: 25M floats at density 0.1% and 1M floats at density 1%. After the table it prints the
 // two ratios the top-k target names. Single thread: run under `taskset -c 0`.
 // Every top-k benchmark first checks its selection against the baseline's on the same input.
@@ -26,6 +26,7 @@
 #include "bench/common/preamble.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
+#include "runtime/half_cast.h"
 
 namespace poseidon {
 namespace {
@@ -290,30 +291,27 @@ BENCHMARK(BM_SufficientFactorGemm)
     ->Args({5000, 5000})    // 25M floats
     ->Unit(benchmark::kMillisecond);
 
-void BM_Cast(benchmark::State& state, DType from, DType to) {
+// The runtime's bulk half casts (runtime/half_cast.h: the MPI backend's float32 accumulation
+// of float16 / bfloat16), to half and back.
+void BM_HalfCast(benchmark::State& state, DType dtype, bool narrow) {
   const size_t n = state.range(0);
   std::vector<float> f = RandomFloats(n, 9);
   std::vector<uint16_t> h(n);
-  // Fill the half side from real values so both directions see ordinary data.
-  if (!K().Cast(f.data(), DType::kFloat32, h.data(), to == DType::kFloat32 ? from : to, n,
-                nullptr)
-           .ok()) {
-    state.SkipWithError("setup cast failed");
-    return;
-  }
-  const void* src = from == DType::kFloat32 ? static_cast<const void*>(f.data()) : h.data();
-  void* dst = to == DType::kFloat32 ? static_cast<void*>(f.data()) : h.data();
+  NarrowFromFloat32(dtype, f.data(), h.data(), n);  // the half side from ordinary values
   for (auto _ : state) {
-    Status s = K().Cast(src, from, dst, to, n, nullptr);
-    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+    if (narrow) {
+      NarrowFromFloat32(dtype, f.data(), h.data(), n);
+    } else {
+      WidenToFloat32(dtype, h.data(), f.data(), n);
+    }
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * n * 6);
 }
-BENCHMARK_CAPTURE(BM_Cast, f32_to_f16, DType::kFloat32, DType::kFloat16)->Apply(Sizes);
-BENCHMARK_CAPTURE(BM_Cast, f16_to_f32, DType::kFloat16, DType::kFloat32)->Apply(Sizes);
-BENCHMARK_CAPTURE(BM_Cast, f32_to_bf16, DType::kFloat32, DType::kBFloat16)->Apply(Sizes);
-BENCHMARK_CAPTURE(BM_Cast, bf16_to_f32, DType::kBFloat16, DType::kFloat32)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_HalfCast, f32_to_f16, DType::kFloat16, true)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_HalfCast, f16_to_f32, DType::kFloat16, false)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_HalfCast, f32_to_bf16, DType::kBFloat16, true)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_HalfCast, bf16_to_f32, DType::kBFloat16, false)->Apply(Sizes);
 
 // 64 equal parts into one fusion buffer and back.
 void BM_PackUnpack(benchmark::State& state) {
@@ -366,18 +364,6 @@ void BM_AdamStep(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * 4 * (kPieces + 6));
 }
 BENCHMARK(BM_AdamStep)->Apply(Sizes);
-
-void BM_SumInto(benchmark::State& state) {
-  const size_t n = state.range(0);
-  std::vector<float> src = RandomFloats(kPieces * n, 14), dst(n);
-  for (auto _ : state) {
-    Status s = K().SumInto(dst.data(), src.data(), kPieces, n, n, nullptr);
-    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * n * 4 * (kPieces + 1));
-}
-BENCHMARK(BM_SumInto)->Apply(Sizes);
 
 // Console output as usual, plus the mean real time per run name for the closing ratios.
 class RatioReporter : public benchmark::ConsoleReporter {

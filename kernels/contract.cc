@@ -116,26 +116,6 @@ Status Kernels::SufficientFactorGemm(const float* u, const float* v, size_t rows
   return DoSufficientFactorGemm(u, v, rows, m, n, alpha, beta, g, stream);
 }
 
-Status Kernels::Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
-                     void* stream) const {
-  PSD_CHECK(CheckDType("Cast (source)", src_type));
-  PSD_CHECK(CheckDType("Cast (destination)", dst_type));
-  const bool supported = src_type == dst_type ||
-                         (src_type == DType::kFloat32 && IsHalfDType(dst_type)) ||
-                         (IsHalfDType(src_type) && dst_type == DType::kFloat32);
-  PSD_REQUIRE_ARG(supported, "Cast: ", DTypeName(src_type), " -> ", DTypeName(dst_type),
-                  " is not supported; expected float32 <-> float16, float32 <-> bfloat16 or the "
-                  "same dtype on both sides");
-  if (count == 0) return Status::Ok();
-  PSD_REQUIRE_ARG(src != nullptr, "Cast: src is null with count = ", count);
-  PSD_REQUIRE_ARG(dst != nullptr, "Cast: dst is null with count = ", count);
-  if (src_type == dst_type && src == dst) return Status::Ok();
-  PSD_REQUIRE_ARG(!Overlap(src, count * DTypeSize(src_type), dst, count * DTypeSize(dst_type)),
-                  "Cast: ", DTypeName(src_type), " -> ", DTypeName(dst_type),
-                  " source and destination overlap; expected separate buffers");
-  return DoCast(src, src_type, dst, dst_type, count, stream);
-}
-
 Status Kernels::Pack(const std::vector<ConstByteRange>& parts, void* dst, void* stream) const {
   size_t total = 0;
   PSD_CHECK(CheckParts("Pack", parts, &total));
@@ -203,16 +183,6 @@ Status Kernels::AdamStep(float* param, const float* grads, int num_grads, size_t
   return DoAdamStep(param, grads, num_grads, grad_stride, grad_scale, m, v, n, p,
                     static_cast<float>(p.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
                     stream);
-}
-
-Status Kernels::SumInto(float* dst, const float* src, int num, size_t stride, size_t n,
-                        void* stream) const {
-  constexpr const char* kCall = "SumInto";
-  PSD_REQUIRE_ARG(num >= 0, kCall, ": num is ", num, "; expected >= 0");
-  if (n == 0) return Status::Ok();
-  PSD_REQUIRE_ARG(dst != nullptr, kCall, ": dst is null with n = ", n);
-  if (num > 0) PSD_CHECK(CheckPieces(kCall, src, num, stride, n));
-  return DoSumInto(dst, src, num, stride, n, stream);
 }
 
 Status Kernels::Scale(float* data, size_t n, float scale, void* stream) const {

@@ -16,7 +16,6 @@
 //    is reported through its ScatterWorkspace once the device has found it.
 //  - SufficientFactorGemm: G (M x N, row-major) = alpha * U^T V + beta * G for U (rows x M)
 //    and V (rows x N), both row-major: one GEMM over all gathered factors.
-//  - Casts: float32 <-> float16 / bfloat16, round to nearest even.
 //  - Pack / Unpack: copy a list of byte ranges into / out of one contiguous fusion buffer.
 //  - Optimizer steps on a shard, fused with the aggregation: the gradient is the sum of
 //    num_grads vectors laid out at grads + g * grad_stride, scaled by grad_scale (1/P to
@@ -156,13 +155,6 @@ class Kernels {
   Status SufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m, size_t n,
                               float alpha, float beta, float* g, void* stream) const;
 
-  // dst dtype from src dtype: float32 <-> float16 / bfloat16, or the same valid dtype on both
-  // sides (a copy). The dtypes are checked even when count == 0, which then does nothing;
-  // otherwise src and dst must be non-null and must not overlap (src == dst with the same dtype:
-  // nothing to do).
-  Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
-              void* stream) const;
-
   // Every part with bytes > 0 needs non-null data; no bytes at all does nothing, otherwise the
   // fusion buffer (dst / src) must be non-null.
   Status Pack(const std::vector<ConstByteRange>& parts, void* dst, void* stream) const;
@@ -178,11 +170,6 @@ class Kernels {
   Status AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                   float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
                   void* stream) const;
-
-  // dst[i] = sum over g of src[g * stride + i]; used to reduce gathered pieces. dst may be
-  // src itself (piece 0); num == 0 writes zeros; n == 0 does nothing.
-  Status SumInto(float* dst, const float* src, int num, size_t stride, size_t n,
-                 void* stream) const;
 
   // ---- Memory (the buffers strategies keep their scratch and state in) ----
 
@@ -216,8 +203,7 @@ class Kernels {
   // The implementation hooks. Each is called only by its public call above, after that call's
   // checks passed, and never for the calls the comments above call empty (those return Ok
   // first): FusedResidualTopK has 0 < k <= n, ScatterAdd m > 0, SufficientFactorGemm m, n > 0,
-  // Cast count > 0 and distinct, non-overlapping buffers (a same-dtype cast is a copy), Pack and
-  // Unpack total_bytes > 0 (the sum of the parts' sizes), SgdStep / AdamStep / SumInto / Scale /
+  // Pack and Unpack total_bytes > 0 (the sum of the parts' sizes), SgdStep / AdamStep / Scale /
   // Fill n > 0, Copy bytes > 0 and dst != src; every pointer the call needs is non-null. The
   // workspaces are non-null but may come from another implementation (the hook checks).
   // ScatterAddBlocks is called even when it has nothing to add (k == 0 or num_blocks == 0).
@@ -233,8 +219,6 @@ class Kernels {
   virtual Status DoSufficientFactorGemm(const float* u, const float* v, size_t rows, size_t m,
                                         size_t n, float alpha, float beta, float* g,
                                         void* stream) const = 0;
-  virtual Status DoCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
-                        void* stream) const = 0;
   virtual Status DoPack(const std::vector<ConstByteRange>& parts, void* dst, size_t total_bytes,
                         void* stream) const = 0;
   virtual Status DoUnpack(const void* src, const std::vector<ByteRange>& parts,
@@ -247,8 +231,6 @@ class Kernels {
   virtual Status DoAdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                             float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
                             float step_size, float inv_bc2_sqrt, void* stream) const = 0;
-  virtual Status DoSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
-                           void* stream) const = 0;
   virtual Result<std::unique_ptr<KernelBuffer>> DoAllocate(size_t bytes) const = 0;
   virtual Status DoScale(float* data, size_t n, float scale, void* stream) const = 0;
   virtual Status DoFill(float* data, size_t n, float value, void* stream) const = 0;

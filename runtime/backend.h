@@ -9,7 +9,7 @@
 //    and the shard layout. Any bad argument or disagreement fails the call on *every* rank with
 //    an error naming the call, the value and the ranks involved, so no rank is left waiting.
 //    CallOptions::agreed skips the allreduce when the caller has verified agreement itself.
-//  - Non-blocking calls (I*) skip that check: the engine verifies agreement itself.
+//  - The non-blocking IAllReduce skips that check: the engine verifies agreement itself.
 //  - Every backend derives from CheckedBackend (checked_backend.h), where these local checks
 //    and the agreement are written once; a backend writes only how it moves the bytes.
 //  - send == recv means in place where the call allows it (AllReduce).
@@ -126,18 +126,11 @@ class Backend {
     return Status(StatusCode::kUnimplemented, "AllReducePieces: not offered by this backend");
   }
 
-  // Non-blocking forms. Buffers must stay valid and untouched until the request completes.
+  // The non-blocking allreduce (the engine's chunk pipeline). The buffers must stay valid and
+  // untouched until the request completes.
   virtual Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
                                                       DType dtype,
                                                       const CallOptions& opts = {}) = 0;
-  virtual Result<std::unique_ptr<Request>> IReduceScatter(const void* send, void* recv,
-                                                          const std::vector<size_t>& counts,
-                                                          DType dtype,
-                                                          const CallOptions& opts = {}) = 0;
-  virtual Result<std::unique_ptr<Request>> IAllGatherV(const void* send, void* recv,
-                                                       const std::vector<size_t>& counts,
-                                                       DType dtype,
-                                                       const CallOptions& opts = {}) = 0;
 };
 
 }  // namespace poseidon

@@ -128,20 +128,4 @@ Result<std::unique_ptr<Request>> CheckedBackend::IAllReduce(const void* send, vo
   return DoIAllReduce(send, recv, count, dtype, opts);
 }
 
-Result<std::unique_ptr<Request>> CheckedBackend::IReduceScatter(const void* send, void* recv,
-                                                                const std::vector<size_t>& counts,
-                                                                DType dtype,
-                                                                const CallOptions& opts) {
-  PSD_CHECK(CheckCounted("IReduceScatter", send, recv, counts, dtype, opts, /*send_all=*/true));
-  return DoIReduceScatter(send, recv, counts, dtype, opts);
-}
-
-Result<std::unique_ptr<Request>> CheckedBackend::IAllGatherV(const void* send, void* recv,
-                                                             const std::vector<size_t>& counts,
-                                                             DType dtype,
-                                                             const CallOptions& opts) {
-  PSD_CHECK(CheckCounted("IAllGatherV", send, recv, counts, dtype, opts, /*send_all=*/false));
-  return DoIAllGatherV(send, recv, counts, dtype, opts);
-}
-
 }  // namespace poseidon

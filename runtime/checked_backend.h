@@ -11,7 +11,7 @@
 // may add to the local outcome before agreeing (the staged backend's copy to host memory).
 // The hooks never see a call whose local checks failed without also joining the agreement.
 //
-// Non-blocking calls (I*): the local checks only (the engine agrees on the arguments itself);
+// The non-blocking IAllReduce: the local checks only (the engine agrees on the arguments itself);
 // the hook runs only when they pass.
 //
 // FailTogether is Agree with this rank's error and no data: a peer inside its matching
@@ -28,7 +28,7 @@
 
 namespace poseidon {
 
-// Declares, inside a class derived from CheckedBackend, the overrides of its nine Do* hooks
+// Declares, inside a class derived from CheckedBackend, the overrides of its six Do* hooks
 // (every backend implements all of them).
 #define PSD_CHECKED_BACKEND_HOOKS                                                              \
   Status DoAllReduce(const void* send, void* recv, size_t count, DType dtype,                  \
@@ -44,13 +44,7 @@ namespace poseidon {
   Status DoBroadcast(void* buf, size_t count, DType dtype, int root, const CallOptions& opts,  \
                      const CollectiveArgs& args) override;                                     \
   Result<std::unique_ptr<Request>> DoIAllReduce(const void* send, void* recv, size_t count,    \
-                                                DType dtype, const CallOptions& opts) override; \
-  Result<std::unique_ptr<Request>> DoIReduceScatter(                                           \
-      const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,            \
-      const CallOptions& opts) override;                                                       \
-  Result<std::unique_ptr<Request>> DoIAllGatherV(                                              \
-      const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,            \
-      const CallOptions& opts) override;
+                                                DType dtype, const CallOptions& opts) override;
 
 class CheckedBackend : public Backend {
  public:
@@ -69,13 +63,6 @@ class CheckedBackend : public Backend {
 
   Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,
                                               DType dtype, const CallOptions& opts = {}) final;
-  Result<std::unique_ptr<Request>> IReduceScatter(const void* send, void* recv,
-                                                  const std::vector<size_t>& counts, DType dtype,
-                                                  const CallOptions& opts = {}) final;
-  Result<std::unique_ptr<Request>> IAllGatherV(const void* send, void* recv,
-                                               const std::vector<size_t>& counts, DType dtype,
-                                               const CallOptions& opts = {}) final;
-
  protected:
   // ---- What depends on the backend ----
 
@@ -112,15 +99,6 @@ class CheckedBackend : public Backend {
   virtual Result<std::unique_ptr<Request>> DoIAllReduce(const void* send, void* recv,
                                                         size_t count, DType dtype,
                                                         const CallOptions& opts) = 0;
-  virtual Result<std::unique_ptr<Request>> DoIReduceScatter(const void* send, void* recv,
-                                                            const std::vector<size_t>& counts,
-                                                            DType dtype,
-                                                            const CallOptions& opts) = 0;
-  virtual Result<std::unique_ptr<Request>> DoIAllGatherV(const void* send, void* recv,
-                                                         const std::vector<size_t>& counts,
-                                                         DType dtype,
-                                                         const CallOptions& opts) = 0;
-
   // ---- For the hooks ----
 
   // args.local when the caller vouched for agreement (CallOptions::agreed), else Agree.

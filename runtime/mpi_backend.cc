@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "runtime/arg_check.h"
-#include "runtime/half.h"
 #include "runtime/mpi_internal.h"
 #include "runtime/settings.h"
 #include "runtime/shm_collectives.h"
@@ -27,24 +26,6 @@ MPI_Datatype ToMpiType(DType dtype) {
 }
 
 namespace mpi_internal {
-
-void Widen(DType dtype, const void* src, float* dst, size_t n) {
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-  if (dtype == DType::kFloat16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = HalfToFloat(s[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = BFloat16ToFloat(s[i]);
-  }
-}
-
-void Narrow(DType dtype, const float* src, void* dst, size_t n) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  if (dtype == DType::kFloat16) {
-    for (size_t i = 0; i < n; ++i) d[i] = FloatToHalf(src[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) d[i] = FloatToBFloat16(src[i]);
-  }
-}
 
 char g_empty[16];
 
@@ -73,11 +54,9 @@ std::vector<int> Displacements(const std::vector<size_t>& counts) {
 
 using mpi_internal::Displacements;
 using mpi_internal::g_empty;
-using mpi_internal::Narrow;
 using mpi_internal::OutOfPlaceSend;
 using mpi_internal::Scratch;
 using mpi_internal::ToInts;
-using mpi_internal::Widen;
 
 MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
@@ -184,7 +163,7 @@ Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count
     auto scratch = std::make_shared<Scratch>();
     scratch->wide.resize(count);
     float* wide = scratch->wide.data();
-    Widen(dtype, send, wide, count);
+    WidenToFloat32(dtype, send, wide, count);
     if (how.interrupt != nullptr && UseRecursiveDoubling(count * sizeof(float), size_)) {
       // The widened buffer is scratch only this call owns: a round given up on keeps it.
       PSD_CHECK(AllReduceRecursiveDoubling(wide, count, MPI_FLOAT, sizeof(float), how, scratch));
@@ -195,7 +174,7 @@ Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count
         return MPI_Iallreduce(copy, wide, n, MPI_FLOAT, MPI_SUM, comm_, r);
       }));
     }
-    Narrow(dtype, wide, recv, count);
+    NarrowFromFloat32(dtype, wide, recv, count);
     return Status::Ok();
   }
   const void* src = (send == recv) ? MPI_IN_PLACE : send;
@@ -307,12 +286,12 @@ Status MpiBackend::ReduceScatterUnchecked(const void* send, void* recv,
     // [0, total): the widened input; [total, total + mine): the output.
     scratch->wide.resize(total + mine);
     float* wide = scratch->wide.data();
-    Widen(dtype, send, wide, total);
+    WidenToFloat32(dtype, send, wide, total);
     PSD_CHECK(RunMpi(how, "MPI_Reduce_scatter", scratch, [&](MPI_Request* r) {
       return r ? MPI_Ireduce_scatter(wide, wide + total, c, MPI_FLOAT, MPI_SUM, comm_, r)
                : MPI_Reduce_scatter(wide, wide + total, c, MPI_FLOAT, MPI_SUM, comm_);
     }));
-    Narrow(dtype, wide + total, recv, mine);
+    NarrowFromFloat32(dtype, wide + total, recv, mine);
     return Status::Ok();
   }
   // Open MPI wants a valid receive pointer even for an empty shard.

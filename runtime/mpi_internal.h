@@ -1,6 +1,6 @@
 // Internals shared by mpi_backend.cc (the blocking collectives) and mpi_requests.cc (the
-// non-blocking ones): half-precision widening, the scratch a call keeps alive
-// and the count / displacement arrays MPI takes. Only those two files include this.
+// non-blocking ones): the scratch a call keeps alive and the count / displacement arrays MPI
+// takes. Only those two files include this.
 #ifndef POSEIDON_RUNTIME_MPI_INTERNAL_H_
 #define POSEIDON_RUNTIME_MPI_INTERNAL_H_
 
@@ -10,13 +10,10 @@
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/half_cast.h"
 #include "runtime/status.h"
 
 namespace poseidon::mpi_internal {
-
-// float16 / bfloat16 to and from float32 (MPI sums halves in float32).
-void Widen(DType dtype, const void* src, float* dst, size_t n);
-void Narrow(DType dtype, const float* src, void* dst, size_t n);
 
 // Scratch a call's MPI collective reads or writes besides the caller's buffers. Held through a
 // shared_ptr so that an abandoned call can hand it to AbandonMpi: MPI may still use it.

@@ -14,11 +14,9 @@ namespace {
 
 using mpi_internal::Displacements;
 using mpi_internal::g_empty;
-using mpi_internal::Narrow;
 using mpi_internal::OutOfPlaceSend;
 using mpi_internal::Scratch;
 using mpi_internal::ToInts;
-using mpi_internal::Widen;
 
 // A request wrapping one MPI_Request, with an optional completion step (narrowing halves).
 class MpiRequest : public Request {
@@ -88,13 +86,13 @@ Result<std::unique_ptr<Request>> MpiBackend::DoIAllReduce(const void* send, void
   if (IsHalfDType(dtype)) {
     auto& wide = req->scratch().wide;
     wide.resize(count);
-    Widen(dtype, send, wide.data(), count);
+    WidenToFloat32(dtype, send, wide.data(), count);
     const void* copy = OutOfPlaceSend(&req->scratch(), wide.data(), count * sizeof(float));
     rc = MPI_Iallreduce(copy, wide.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_,
                         req->handle());
     Scratch* scratch = &req->scratch();
     req->set_finish(
-        [scratch, dtype, recv, count] { Narrow(dtype, scratch->wide.data(), recv, count); });
+        [scratch, dtype, recv, count] { NarrowFromFloat32(dtype, scratch->wide.data(), recv, count); });
   } else {
     const void* src =
         send == recv ? OutOfPlaceSend(&req->scratch(), recv, count * DTypeSize(dtype)) : send;
@@ -102,53 +100,6 @@ Result<std::unique_ptr<Request>> MpiBackend::DoIAllReduce(const void* send, void
                         req->handle());
   }
   if (rc != MPI_SUCCESS) return MpiError("MPI_Iallreduce", rc);
-  return std::unique_ptr<Request>(std::move(req));
-}
-
-Result<std::unique_ptr<Request>> MpiBackend::DoIReduceScatter(const void* send, void* recv,
-                                                              const std::vector<size_t>& counts,
-                                                              DType dtype,
-                                                              const CallOptions& opts) {
-  (void)opts;
-  PSD_CHECK(sticky_->Check("MpiBackend::IReduceScatter"));
-  const size_t total = SumCounts(counts);
-  const size_t mine = counts[static_cast<size_t>(rank_)];
-  auto req = std::make_unique<MpiRequest>("MpiBackend::IReduceScatter", sticky_);
-  std::vector<int>& c = req->scratch().counts;
-  c = ToInts(counts);
-  int rc;
-  if (IsHalfDType(dtype)) {
-    auto& wide = req->scratch().wide;
-    wide.resize(total + mine);  // [0, total): widened input, [total, total + mine): output
-    Widen(dtype, send, wide.data(), total);
-    rc = MPI_Ireduce_scatter(wide.data(), wide.data() + total, c.data(), MPI_FLOAT, MPI_SUM,
-                             comm_, req->handle());
-    Scratch* scratch = &req->scratch();
-    req->set_finish([scratch, dtype, recv, total, mine] {
-      Narrow(dtype, scratch->wide.data() + total, recv, mine);
-    });
-  } else {
-    rc = MPI_Ireduce_scatter(send == nullptr ? g_empty : send, recv == nullptr ? g_empty : recv,
-                             c.data(), ToMpiType(dtype), MPI_SUM, comm_, req->handle());
-  }
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Ireduce_scatter", rc);
-  return std::unique_ptr<Request>(std::move(req));
-}
-
-Result<std::unique_ptr<Request>> MpiBackend::DoIAllGatherV(const void* send, void* recv,
-                                                           const std::vector<size_t>& counts,
-                                                           DType dtype, const CallOptions& opts) {
-  (void)opts;
-  PSD_CHECK(sticky_->Check("MpiBackend::IAllGatherV"));
-  auto req = std::make_unique<MpiRequest>("MpiBackend::IAllGatherV", sticky_);
-  Scratch& scratch = req->scratch();
-  scratch.counts = ToInts(counts);
-  scratch.displs = Displacements(counts);
-  int rc =
-      MPI_Iallgatherv(send == nullptr ? g_empty : send, scratch.counts[static_cast<size_t>(rank_)],
-                      ToMpiType(dtype), recv == nullptr ? g_empty : recv, scratch.counts.data(),
-                      scratch.displs.data(), ToMpiType(dtype), comm_, req->handle());
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Iallgatherv", rc);
   return std::unique_ptr<Request>(std::move(req));
 }
 

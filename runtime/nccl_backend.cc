@@ -283,20 +283,4 @@ Result<std::unique_ptr<Request>> NcclBackend::DoIAllReduce(const void* send, voi
   return MakeRequest("IAllReduce", ToStream(opts));
 }
 
-Result<std::unique_ptr<Request>> NcclBackend::DoIReduceScatter(const void* send, void* recv,
-                                                               const std::vector<size_t>& counts,
-                                                               DType dtype,
-                                                               const CallOptions& opts) {
-  PSD_CHECK(LaunchReduceScatter("IReduceScatter", send, recv, counts, dtype, ToStream(opts)));
-  return MakeRequest("IReduceScatter", ToStream(opts));
-}
-
-Result<std::unique_ptr<Request>> NcclBackend::DoIAllGatherV(const void* send, void* recv,
-                                                            const std::vector<size_t>& counts,
-                                                            DType dtype,
-                                                            const CallOptions& opts) {
-  PSD_CHECK(LaunchAllGatherV("IAllGatherV", send, recv, counts, dtype, ToStream(opts)));
-  return MakeRequest("IAllGatherV", ToStream(opts));
-}
-
 }  // namespace poseidon

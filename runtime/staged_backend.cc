@@ -19,16 +19,13 @@ struct StagedBackend::InFlight {
   PinnedPool::Buffer buf;
 };
 
-// A non-blocking call from its start to its completion. The request owns it; the backend's
+// A non-blocking allreduce from its start to its completion. The request owns it; the backend's
 // queue shares it until its host collective is posted. Fields are written under post_mu_
 // until `posted` or `error` is set, then by the request only.
 struct StagedBackend::Op {
-  enum class Kind { kAllReduce, kReduceScatter, kAllGatherV };
-  Kind kind = Kind::kAllReduce;
   const char* call = "";
   DType dtype = DType::kFloat32;
-  size_t count = 0;            // kAllReduce
-  std::vector<size_t> counts;  // the others
+  size_t count = 0;
   CallOptions host;            // the host collective's options
   PinnedPool::Buffer buf;      // [0, out_offset): the input; the output at out_offset
   size_t out_offset = 0, out_bytes = 0;
@@ -245,20 +242,8 @@ void StagedBackend::BreakLocked(const Status& cause) {
 }
 
 Status StagedBackend::PostOne(Op& op) {
-  Result<std::unique_ptr<Request>> r = Status::Ok();
   void* in = op.buf.data();
-  void* out = At(in, op.out_offset);
-  switch (op.kind) {
-    case Op::Kind::kAllReduce:
-      r = host_->IAllReduce(in, in, op.count, op.dtype, op.host);
-      break;
-    case Op::Kind::kReduceScatter:
-      r = host_->IReduceScatter(in, out, op.counts, op.dtype, op.host);
-      break;
-    case Op::Kind::kAllGatherV:
-      r = host_->IAllGatherV(in, out, op.counts, op.dtype, op.host);
-      break;
-  }
+  Result<std::unique_ptr<Request>> r = host_->IAllReduce(in, in, op.count, op.dtype, op.host);
   op.posted = true;
   if (!r.ok()) return r.status();
   op.host_req = std::move(*r);
@@ -485,39 +470,8 @@ Result<std::unique_ptr<Request>> StagedBackend::DoIAllReduce(const void* send, v
   const size_t bytes = count * DTypeSize(dtype);
   if (count == 0) return std::unique_ptr<Request>(new DoneRequest());
   auto op = NewOp("IAllReduce", dtype, opts, recv, 0, bytes);  // in place
-  op->kind = Op::Kind::kAllReduce;
   op->count = count;
   return Start(std::move(op), send, bytes);
-}
-
-Result<std::unique_ptr<Request>> StagedBackend::DoIReduceScatter(const void* send, void* recv,
-                                                                 const std::vector<size_t>& counts,
-                                                                 DType dtype,
-                                                                 const CallOptions& opts) {
-  Reap();
-  const size_t es = DTypeSize(dtype);
-  const size_t total = SumCounts(counts);
-  const size_t mine = counts[static_cast<size_t>(rank())];
-  if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = NewOp("IReduceScatter", dtype, opts, recv, total * es, mine * es);
-  op->kind = Op::Kind::kReduceScatter;
-  op->counts = counts;
-  return Start(std::move(op), send, total * es);
-}
-
-Result<std::unique_ptr<Request>> StagedBackend::DoIAllGatherV(const void* send, void* recv,
-                                                              const std::vector<size_t>& counts,
-                                                              DType dtype,
-                                                              const CallOptions& opts) {
-  Reap();
-  const size_t es = DTypeSize(dtype);
-  const size_t total = SumCounts(counts);
-  const size_t mine = counts[static_cast<size_t>(rank())];
-  if (total == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = NewOp("IAllGatherV", dtype, opts, recv, mine * es, total * es);
-  op->kind = Op::Kind::kAllGatherV;
-  op->counts = counts;
-  return Start(std::move(op), send, mine * es);
 }
 
 }  // namespace poseidon

@@ -1,4 +1,4 @@
-// Internal to kernels/cpu: the CPU kernels that live in their own files (topk.cc, cast.cc,
+// Internal to kernels/cpu: the CPU kernels that live in their own files (topk.cc,
 // optimizer.cc), called by CpuKernels()' Do hooks (cpu_kernels.cc). Unchecked: each assumes
 // the arguments passed the Kernels contract's checks (kernels/contract.cc) and meets its hook's
 // preconditions (kernels/kernels.h: non-empty, pointers non-null, buffers as the contract
@@ -18,18 +18,11 @@ namespace cpu {
 Status FusedResidualTopK(const float* grad, float* residual, float* momentum_buf, float momentum,
                          size_t n, size_t k, uint32_t* out_idx, float* out_val, TopKWorkspace* ws);
 
-// A supported dtype pair (the same dtype twice: a copy), count > 0, buffers that do not
-// overlap.
-void Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count);
-
 // n > 0; step_size and inv_bc2_sqrt as Kernels::AdamStep computes them.
 void SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride, float grad_scale,
              float* velocity, size_t n, const SgdParams& p);
 void AdamStep(float* param, const float* grads, int num_grads, size_t grad_stride, float grad_scale,
               float* m, float* v, size_t n, const AdamParams& p, float step_size,
               float inv_bc2_sqrt);
-// n > 0; num == 0 writes zeros.
-void SumInto(float* dst, const float* src, int num, size_t stride, size_t n);
-
 }  // namespace cpu
 }  // namespace poseidon

@@ -137,12 +137,6 @@ class CpuKernelsImpl final : public Kernels {
     return Status::Ok();
   }
 
-  Status DoCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
-                void* /*stream*/) const override {
-    cpu::Cast(src, src_type, dst, dst_type, count);
-    return Status::Ok();
-  }
-
   Status DoPack(const std::vector<ConstByteRange>& parts, void* dst, size_t /*total_bytes*/,
                 void* /*stream*/) const override {
     auto* out = static_cast<char*>(dst);
@@ -177,12 +171,6 @@ class CpuKernelsImpl final : public Kernels {
                     float step_size, float inv_bc2_sqrt, void* /*stream*/) const override {
     cpu::AdamStep(param, grads, num_grads, grad_stride, grad_scale, m, v, n, p, step_size,
                   inv_bc2_sqrt);
-    return Status::Ok();
-  }
-
-  Status DoSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
-                   void* /*stream*/) const override {
-    cpu::SumInto(dst, src, num, stride, n);
     return Status::Ok();
   }
 

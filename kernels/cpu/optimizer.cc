@@ -1,5 +1,5 @@
 // Optimizer steps on a parameter shard, fused with the aggregation of the gathered gradient
-// pieces (PyTorch semantics), and SumInto.
+// pieces (PyTorch semantics).
 //
 //  1. The shard is walked in blocks of kBlock elements (a few KiB, stays in L1).
 //  2. Per block, the num_grads pieces are summed in a fixed order (piece 0, then 1, ...), so
@@ -104,21 +104,6 @@ void AdamStep(float* param, const float* grads, int num_grads, size_t grad_strid
       const float denom = std::sqrt(v1) * inv_bc2_sqrt + eps;
       pp[j] = pp[j] - step_size * (m1 / denom);
     }
-  }
-}
-
-void SumInto(float* dst, const float* src, int num, size_t stride, size_t n) {
-  if (num == 0) {  // the empty sum
-    std::fill(dst, dst + n, 0.0f);
-    return;
-  }
-  // Blocked like the optimizer steps so that dst may be piece 0 itself (in-place reduction):
-  // each block is summed into scratch before it is written.
-  alignas(64) float acc[kBlock];
-  for (size_t base = 0; base < n; base += kBlock) {
-    const size_t len = std::min(kBlock, n - base);
-    SumBlock(src, num, stride, base, len, acc);
-    std::copy(acc, acc + len, dst + base);
   }
 }
 

@@ -133,18 +133,6 @@ class CudaKernelsImpl final : public Kernels {
     return Status::Ok();
   }
 
-  Status DoCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
-                void* stream) const override {
-    PSD_CHECK(CheckDevicePointer("Cast", "src", src, count * DTypeSize(src_type)));
-    PSD_CHECK(CheckDevicePointer("Cast", "dst", dst, count * DTypeSize(dst_type)));
-    if (src_type == dst_type) {
-      return CudaStatus(cudaMemcpyAsync(dst, src, count * DTypeSize(src_type),
-                                        cudaMemcpyDeviceToDevice, ToStream(stream)),
-                        "Cast: cudaMemcpyAsync");
-    }
-    return cuda::LaunchCast(src, src_type, dst, dst_type, count, ToStream(stream));
-  }
-
   Status DoPack(const std::vector<ConstByteRange>& parts, void* dst, size_t total_bytes,
                 void* stream) const override {
     PSD_CHECK(CheckDevicePointer("Pack", "dst", dst, total_bytes));
@@ -198,14 +186,6 @@ class CudaKernelsImpl final : public Kernels {
     PSD_CHECK(CheckDevicePointer(kCall, "v", v, n * sizeof(float)));
     return cuda::LaunchAdamStep(param, grads, num_grads, grad_stride, grad_scale, m, v, n, p,
                                 step_size, inv_bc2_sqrt, ToStream(stream));
-  }
-
-  Status DoSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
-                   void* stream) const override {
-    constexpr const char* kCall = "SumInto";
-    if (num > 0) PSD_CHECK(CheckPiecesOnDevice(kCall, src, num, stride, n));
-    PSD_CHECK(CheckDevicePointer(kCall, "dst", dst, n * sizeof(float)));
-    return cuda::LaunchSumInto(dst, src, num, stride, n, ToStream(stream));
   }
 
   Result<std::unique_ptr<KernelBuffer>> DoAllocate(size_t bytes) const override {

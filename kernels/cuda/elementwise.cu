@@ -1,5 +1,4 @@
-// Elementwise CUDA kernels: ScatterAdd, the optimizer steps, SumInto, Scale and Fill (Cast
-// launches the runtime's widening / rounding kernels).
+// Elementwise CUDA kernels: ScatterAdd, the optimizer steps, Scale and Fill.
 //
 // Each kernel is a grid-stride loop that evaluates the CPU twin's expressions in the same
 // order; with --fmad=false (set on the target) nothing is contracted into an FMA, and CUDA's
@@ -87,11 +86,6 @@ __global__ void AdamKernel(float* param, const float* grads, int num, size_t str
   }
 }
 
-// dst may be piece 0 itself: each element is summed before it is written.
-__global__ void SumIntoKernel(float* dst, const float* src, int num, size_t stride, size_t n) {
-  PSD_GRID_STRIDE(i, n) { dst[i] = SumPieces(src, num, stride, i); }
-}
-
 // One float32 multiply per element (no FMA to contract with: bitwise the CPU's x *= s).
 __global__ void ScaleKernel(float* data, size_t n, float scale) {
   PSD_GRID_STRIDE(i, n) { data[i] = data[i] * scale; }
@@ -153,20 +147,6 @@ Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* 
                          "; expected every index < n (dense was left unchanged)");
 }
 
-// The runtime's widening and rounding kernels (runtime/cuda_util.h), which the NCCL backend's
-// float32 accumulation uses too.
-Status LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
-                  cudaStream_t stream) {
-  if (src_type == DType::kFloat32 && IsHalfDType(dst_type)) {
-    return LaunchNarrowFromFloat32(dst_type, static_cast<const float*>(src), dst, count, stream);
-  }
-  if (IsHalfDType(src_type) && dst_type == DType::kFloat32) {
-    return LaunchWidenToFloat32(src_type, src, static_cast<float*>(dst), count, stream);
-  }
-  return InternalError("Cast: LaunchCast reached with an unsupported pair ", DTypeName(src_type),
-                       " -> ", DTypeName(dst_type));
-}
-
 Status LaunchSgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                      float grad_scale, float* velocity, size_t n, const SgdParams& p,
                      cudaStream_t stream) {
@@ -183,15 +163,6 @@ Status LaunchAdamStep(float* param, const float* grads, int num_grads, size_t gr
       param, grads, num_grads, grad_stride, grad_scale, m, v, n, p.beta1, p.beta2, 1.0f - p.beta1,
       1.0f - p.beta2, p.eps, p.weight_decay, step_size, inv_bc2_sqrt);
   return CudaStatus(cudaGetLastError(), "AdamStep kernel launch");
-}
-
-Status LaunchSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
-                     cudaStream_t stream) {
-  if (num == 0) {  // the empty sum
-    return CudaStatus(cudaMemsetAsync(dst, 0, n * sizeof(float), stream), "SumInto: memset");
-  }
-  SumIntoKernel<<<GridFor(n), kThreads, 0, stream>>>(dst, src, num, stride, n);
-  return CudaStatus(cudaGetLastError(), "SumInto kernel launch");
 }
 
 Status LaunchScale(float* data, size_t n, float scale, cudaStream_t stream) {

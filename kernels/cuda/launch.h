@@ -55,10 +55,6 @@ Status LaunchScatterAddBlocks(const void* blocks, int num_blocks, size_t k, floa
 Status LaunchScatterAdd(const uint32_t* idx, const float* val, size_t m, float* dense, size_t n,
                         cudaStream_t stream);
 
-// float32 <-> float16 / bfloat16 (round to nearest even).
-Status LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, size_t count,
-                  cudaStream_t stream);
-
 Status LaunchSgdStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                      float grad_scale, float* velocity, size_t n, const SgdParams& p,
                      cudaStream_t stream);
@@ -67,8 +63,6 @@ Status LaunchSgdStep(float* param, const float* grads, int num_grads, size_t gra
 Status LaunchAdamStep(float* param, const float* grads, int num_grads, size_t grad_stride,
                       float grad_scale, float* m, float* v, size_t n, const AdamParams& p,
                       float step_size, float inv_bc2_sqrt, cudaStream_t stream);
-Status LaunchSumInto(float* dst, const float* src, int num, size_t stride, size_t n,
-                     cudaStream_t stream);
 // data[i] *= scale (one multiply, bitwise the CPU's) and data[i] = value.
 Status LaunchScale(float* data, size_t n, float scale, cudaStream_t stream);
 Status LaunchFill(float* data, size_t n, float value, cudaStream_t stream);

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "runtime/cuda_util.h"
 #include "runtime/half.h"
+#include "runtime/half_cast.h"
 #include "test/gpu/gpu_test_util.h"
 
 namespace poseidon {
@@ -80,15 +82,9 @@ TEST(CudaKernelsArgs, TopKRejectsBadArguments) {
 
 TEST(CudaKernelsArgs, OtherKernelsRejectBadArguments) {
   float* f = reinterpret_cast<float*>(0x1000);
-  Status s = Gpu().Cast(f, DType::kFloat16, f + 8, DType::kBFloat16, 4, nullptr);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("float16 -> bfloat16 is not supported"), std::string::npos)
-      << s.message();
-  s = Gpu().Cast(f, static_cast<DType>(42), f + 8, DType::kFloat32, 4, nullptr);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   SgdParams sgd;
   sgd.lr = -1.0f;
-  s = Gpu().SgdStep(f, f, 1, 4, 1.0f, f, 4, sgd, nullptr);
+  Status s = Gpu().SgdStep(f, f, 1, 4, 1.0f, f, 4, sgd, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("lr is -1"), std::string::npos) << s.message();
   AdamParams adam;
@@ -96,7 +92,7 @@ TEST(CudaKernelsArgs, OtherKernelsRejectBadArguments) {
   s = Gpu().AdamStep(f, f, 1, 4, 1.0f, f, f, 4, adam, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("step is 0"), std::string::npos) << s.message();
-  s = Gpu().SumInto(f, f, 2, 3, 4, nullptr);  // stride 3 < n 4: the pieces overlap
+  s = Gpu().SgdStep(f, f, 2, 3, 1.0f, f, 4, SgdParams{}, nullptr);  // stride 3 < n 4: overlap
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("grad_stride is 3 but n is 4"), std::string::npos) << s.message();
   s = Gpu().ScatterAdd(nullptr, f, 3, f, 10, nullptr);
@@ -107,7 +103,6 @@ TEST(CudaKernelsArgs, OtherKernelsRejectBadArguments) {
   // Empty calls are no-ops and need no GPU.
   EXPECT_TRUE(Gpu().ScatterAdd(nullptr, nullptr, 0, nullptr, 0, nullptr).ok());
   EXPECT_TRUE(Gpu().Pack({}, nullptr, nullptr).ok());
-  EXPECT_TRUE(Gpu().SumInto(f, f, 1, 0, 0, nullptr).ok());
 }
 
 TEST(CudaKernelsArgs, ScatterAddBlocksRejectsBadArguments) {
@@ -166,12 +161,6 @@ TEST(CudaKernelsArgs, RefusesWithTheCpuKernelsMessages) {
                                    nullptr);
       },
       [&](const Kernels& k) {
-        return k.Cast(f, DType::kFloat32, f + 1, DType::kBFloat16, 4, nullptr);
-      },
-      [&](const Kernels& k) {
-        return k.Cast(nullptr, DType::kFloat16, nullptr, DType::kBFloat16, 0, nullptr);
-      },
-      [&](const Kernels& k) {
         return k.Unpack(f, {{f + 8, 4}, {nullptr, 4}}, nullptr);
       },
       [&](const Kernels& k) { return k.ScatterAdd(idx, nullptr, 3, f, 10, nullptr); },
@@ -181,7 +170,6 @@ TEST(CudaKernelsArgs, RefusesWithTheCpuKernelsMessages) {
       },
       [&](const Kernels& k) { return k.SgdStep(f, f + 64, 1, 4, 1.0f, f, 4, sgd, nullptr); },
       [&](const Kernels& k) { return k.AdamStep(f, f + 64, 1, 4, 1.0f, f, f, 4, adam, nullptr); },
-      [&](const Kernels& k) { return k.SumInto(nullptr, f, 2, 4, 4, nullptr); },
       [&](const Kernels& k) {
         auto ws = k.NewScatterWorkspace();
         return k.ScatterAddBlocks(f, 2, 5, f + 64, 4, ws.get(), nullptr);
@@ -214,7 +202,7 @@ TEST(CudaKernelsNoGpu, CallsFailWithTheCudaError) {
     GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
   }
   std::vector<float> host(16, 1.0f);
-  Status s = Gpu().Cast(host.data(), DType::kFloat32, host.data() + 8, DType::kFloat16, 4, nullptr);
+  Status s = Gpu().Scale(host.data(), 16, 2.0f, nullptr);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("cuda"), std::string::npos) << s.message();
 }
@@ -400,7 +388,8 @@ TEST(CudaKernels, ScatterAddMatchesCpu) {
   ExpectSameBits(got, after, "dense after a bad index (unchanged)");
 }
 
-TEST(CudaKernels, CastsMatchCpu) {
+// The runtime's device casts (the NCCL backend's float32 accumulation) against its host ones.
+TEST(CudaKernels, HalfCastsMatchHost) {
   PSD_SKIP_WITHOUT_GPU();
   const size_t n = 100001;
   std::vector<float> src = RandomFloats(n, 3, 1000.0f);
@@ -409,10 +398,10 @@ TEST(CudaKernels, CastsMatchCpu) {
   for (DType t : {DType::kFloat16, DType::kBFloat16}) {
     std::vector<uint16_t> half(n);
     std::vector<float> back(n);
-    ASSERT_TRUE(Cpu().Cast(src.data(), DType::kFloat32, half.data(), t, n, nullptr).ok());
-    ASSERT_TRUE(Cpu().Cast(half.data(), t, back.data(), DType::kFloat32, n, nullptr).ok());
-    ASSERT_TRUE(Gpu().Cast(d_src.get(), DType::kFloat32, d_half.get(), t, n, nullptr).ok());
-    ASSERT_TRUE(Gpu().Cast(d_half.get(), t, d_back.get(), DType::kFloat32, n, nullptr).ok());
+    NarrowFromFloat32(t, src.data(), half.data(), n);
+    WidenToFloat32(t, half.data(), back.data(), n);
+    ASSERT_TRUE(LaunchNarrowFromFloat32(t, d_src.get(), d_half.get(), n, nullptr).ok());
+    ASSERT_TRUE(LaunchWidenToFloat32(t, d_half.get(), d_back.get(), n, nullptr).ok());
     ASSERT_EQ(d_half.Download(), half) << DTypeName(t);
     ExpectSameBits(back, d_back.Download(), "widened");
   }
@@ -486,7 +475,7 @@ TEST(CudaKernels, MemoryCallsMatchCpu) {
   EXPECT_NE(s.message().find("expected device"), std::string::npos) << s.message();
 }
 
-TEST(CudaKernels, OptimizerStepsAndSumIntoMatchCpu) {
+TEST(CudaKernels, OptimizerStepsMatchCpu) {
   PSD_SKIP_WITHOUT_GPU();
   const size_t n = 30011, stride = 30016;
   const int num = 3;
@@ -528,12 +517,6 @@ TEST(CudaKernels, OptimizerStepsAndSumIntoMatchCpu) {
   ExpectSameBits(p, dp.Download(), "adam param");
   ExpectSameBits(m, dm.Download(), "adam m");
   ExpectSameBits(v, dv.Download(), "adam v");
-
-  std::vector<float> sum(n);
-  DeviceBuffer<float> dsum(n);
-  ASSERT_TRUE(Cpu().SumInto(sum.data(), grads.data(), num, stride, n, nullptr).ok());
-  ASSERT_TRUE(Gpu().SumInto(dsum.get(), d_grads.get(), num, stride, n, nullptr).ok());
-  ExpectSameBits(sum, dsum.Download(), "sum");
 }
 
 TEST(CudaKernels, SufficientFactorGemmMatchesCpu) {

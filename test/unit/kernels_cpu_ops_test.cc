@@ -1,13 +1,11 @@
 // Unit tests of the CPU kernels other than top-k (kernels_cpu_test.cc): scatter-add, the
-// sufficient-factor GEMM, casts against runtime/half.h, pack / unpack, the fused optimizer steps,
-// SumInto, the memory calls and the dispatch by memory kind, with every bad argument.
+// sufficient-factor GEMM, pack / unpack, the fused optimizer steps, the memory calls and the
+// dispatch by memory kind, with every bad argument.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,7 +13,6 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/kernels.h"
 #include "runtime/build_config.h"
-#include "runtime/half.h"
 #include "test/unit/kernels_cpu_test_util.h"
 
 namespace poseidon {
@@ -119,93 +116,6 @@ TEST(SufficientFactorGemm, BadArguments) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Cast
-
-TEST(Cast, HalfAndBFloat16ToFloatExhaustive) {
-  std::vector<uint16_t> all(65536);
-  std::iota(all.begin(), all.end(), uint16_t{0});
-  std::vector<float> out(65536);
-  ASSERT_TRUE(
-      K().Cast(all.data(), DType::kFloat16, out.data(), DType::kFloat32, all.size(), nullptr).ok());
-  for (uint32_t h = 0; h < 65536; ++h) {
-    ASSERT_EQ(FloatBits(out[h]), FloatBits(HalfToFloat(static_cast<uint16_t>(h)))) << h;
-  }
-  ASSERT_TRUE(
-      K().Cast(all.data(), DType::kBFloat16, out.data(), DType::kFloat32, all.size(), nullptr)
-          .ok());
-  for (uint32_t h = 0; h < 65536; ++h) {
-    ASSERT_EQ(FloatBits(out[h]), FloatBits(BFloat16ToFloat(static_cast<uint16_t>(h)))) << h;
-  }
-}
-
-// Every combination of the top 16 bits (sign, exponent, 7 mantissa bits) with low-bit patterns
-// that sit on and around every rounding boundary of both formats, plus random low bits (the
-// float16 subnormal range rounds away up to 24 bits).
-TEST(Cast, FloatToHalfAndBFloat16MatchScalarReference) {
-  std::vector<uint32_t> lows = {0x0,    0x1,    0xfff,  0x1000, 0x1001, 0x1fff, 0x2000,
-                                0x2001, 0x3000, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff};
-  std::mt19937 rng(11);
-  while (lows.size() < 64) lows.push_back(rng() & 0xffffu);
-  std::vector<float> src(65536 * lows.size());
-  size_t o = 0;
-  for (uint32_t hi = 0; hi < 65536; ++hi) {
-    for (uint32_t lo : lows) src[o++] = BitsToFloat((hi << 16) | lo);
-  }
-  // The subnormal half range, exhaustively in its top bits and with random low bits.
-  for (uint32_t e = 0x33000000u; e < 0x38800000u; e += 0x101u) src.push_back(BitsToFloat(e));
-  std::vector<uint16_t> out(src.size());
-  ASSERT_TRUE(
-      K().Cast(src.data(), DType::kFloat32, out.data(), DType::kFloat16, src.size(), nullptr).ok());
-  for (size_t i = 0; i < src.size(); ++i) {
-    ASSERT_EQ(out[i], FloatToHalf(src[i])) << std::hex << FloatBits(src[i]);
-  }
-  ASSERT_TRUE(
-      K().Cast(src.data(), DType::kFloat32, out.data(), DType::kBFloat16, src.size(), nullptr)
-          .ok());
-  for (size_t i = 0; i < src.size(); ++i) {
-    ASSERT_EQ(out[i], FloatToBFloat16(src[i])) << std::hex << FloatBits(src[i]);
-  }
-}
-
-TEST(Cast, SameTypeCopyAndErrors) {
-  std::vector<int64_t> a = {1, -2, 3}, b(3);
-  ASSERT_TRUE(K().Cast(a.data(), DType::kInt64, b.data(), DType::kInt64, 3, nullptr).ok());
-  EXPECT_EQ(a, b);
-  std::vector<float> f(4, 1.0f);
-  std::vector<uint16_t> h(4);
-  const StatusCode kArg = StatusCode::kInvalidArgument;
-  EXPECT_TRUE(
-      HasError(K().Cast(h.data(), DType::kFloat16, h.data() + 0, DType::kBFloat16, 2, nullptr),
-               kArg, {"Cast", "float16 -> bfloat16 is not supported"}));
-  EXPECT_TRUE(HasError(K().Cast(f.data(), DType::kInt32, f.data(), DType::kFloat32, 4, nullptr),
-                       kArg, {"int32 -> float32 is not supported"}));
-  EXPECT_TRUE(
-      HasError(K().Cast(f.data(), static_cast<DType>(42), h.data(), DType::kFloat16, 4, nullptr),
-               kArg, {"unknown dtype 42"}));
-  EXPECT_TRUE(HasError(K().Cast(nullptr, DType::kFloat32, h.data(), DType::kFloat16, 4, nullptr),
-                       kArg, {"src is null", "count = 4"}));
-  EXPECT_TRUE(HasError(K().Cast(f.data(), DType::kFloat32, nullptr, DType::kFloat16, 4, nullptr),
-                       kArg, {"dst is null"}));
-  EXPECT_TRUE(HasError(K().Cast(f.data(), DType::kFloat32, f.data(), DType::kFloat16, 4, nullptr),
-                       kArg, {"overlap"}));
-  EXPECT_TRUE(K().Cast(nullptr, DType::kFloat32, nullptr, DType::kFloat16, 0, nullptr).ok());
-}
-
-// One rule whatever the count and the dtypes: an unsupported pair is refused even with nothing
-// to cast, and a copy (same dtype) must not partly overlap either (src == dst: nothing to do).
-TEST(Cast, PairCheckedWhenEmptyAndCopiesMustNotOverlap) {
-  const StatusCode kArg = StatusCode::kInvalidArgument;
-  EXPECT_TRUE(HasError(K().Cast(nullptr, DType::kFloat16, nullptr, DType::kBFloat16, 0, nullptr),
-                       kArg, {"float16 -> bfloat16 is not supported"}));
-  std::vector<float> f = {1, 2, 3, 4, 5};
-  EXPECT_TRUE(
-      HasError(K().Cast(f.data(), DType::kFloat32, f.data() + 1, DType::kFloat32, 4, nullptr), kArg,
-               {"float32 -> float32", "overlap"}));
-  ASSERT_TRUE(K().Cast(f.data(), DType::kFloat32, f.data(), DType::kFloat32, 5, nullptr).ok());
-  EXPECT_EQ(f, (std::vector<float>{1, 2, 3, 4, 5}));
-}
-
-// ---------------------------------------------------------------------------------------------
 // Pack / Unpack
 
 TEST(PackUnpack, RoundTrip) {
@@ -231,7 +141,7 @@ TEST(PackUnpack, RoundTrip) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Optimizer steps and SumInto
+// Optimizer steps
 
 // Pieces laid out with a gap (stride > n) to catch stride mistakes.
 std::vector<float> MakePieces(int num, size_t n, size_t stride, uint32_t seed) {
@@ -386,29 +296,6 @@ TEST(OptimizerSteps, BadArguments) {
   EXPECT_TRUE(HasError(
       K().AdamStep(param.data(), g.data(), 1, 4, 1, m.data(), v.data(), 4, bad_adam, nullptr), kArg,
       {"eps is"}));
-}
-
-TEST(SumInto, SumsPiecesInPlaceAndOut) {
-  const size_t n = 3000, stride = 3100;
-  std::vector<float> src(3 * stride);
-  for (int q = 0; q < 3; ++q) {
-    for (size_t i = 0; i < n; ++i) src[q * stride + i] = static_cast<float>(q * 1000 + i);
-  }
-  std::vector<float> dst(n);
-  ASSERT_TRUE(K().SumInto(dst.data(), src.data(), 3, stride, n, nullptr).ok());
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(dst[i], 3000.0f + 3.0f * i);
-  ASSERT_TRUE(K().SumInto(src.data(), src.data(), 3, stride, n, nullptr).ok());  // in place
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(src[i], 3000.0f + 3.0f * i);
-  ASSERT_TRUE(K().SumInto(dst.data(), nullptr, 0, 0, n, nullptr).ok());
-  EXPECT_EQ(dst, std::vector<float>(n, 0.0f));
-  EXPECT_TRUE(HasError(K().SumInto(dst.data(), src.data(), 2, 10, n, nullptr),
-                       StatusCode::kInvalidArgument, {"SumInto", "grad_stride is 10"}));
-  EXPECT_TRUE(HasError(K().SumInto(nullptr, src.data(), 2, stride, n, nullptr),
-                       StatusCode::kInvalidArgument, {"dst is null"}));
-  EXPECT_TRUE(HasError(K().SumInto(dst.data(), nullptr, 2, stride, n, nullptr),
-                       StatusCode::kInvalidArgument, {"grads is null"}));
-  EXPECT_TRUE(HasError(K().SumInto(dst.data(), src.data(), -1, stride, n, nullptr),
-                       StatusCode::kInvalidArgument, {"num is -1"}));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,10 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <ios>
+#include <numeric>
+#include <random>
+#include <vector>
 
 #include "runtime/dtype.h"
 #include "runtime/half.h"
+#include "runtime/half_cast.h"
 #include "runtime/settings.h"
 #include "runtime/shard.h"
 #include "runtime/status.h"
@@ -117,6 +123,47 @@ TEST(Half, BFloat16RoundTripAndRounding) {
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 3 * std::ldexp(1.0f, -8))),
             1.0f + std::ldexp(1.0f, -6));
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(252.0f)), 252.0f);
+}
+
+// The bulk casts (runtime/half_cast.h) against the scalar reference, every half value.
+TEST(HalfCast, WidenMatchesScalarForEveryValue) {
+  std::vector<uint16_t> all(65536);
+  std::iota(all.begin(), all.end(), uint16_t{0});
+  std::vector<float> out(all.size());
+  WidenToFloat32(DType::kFloat16, all.data(), out.data(), all.size());
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(FloatBits(out[h]), FloatBits(HalfToFloat(static_cast<uint16_t>(h)))) << h;
+  }
+  WidenToFloat32(DType::kBFloat16, all.data(), out.data(), all.size());
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(FloatBits(out[h]), FloatBits(BFloat16ToFloat(static_cast<uint16_t>(h)))) << h;
+  }
+}
+
+// Every combination of the top 16 bits (sign, exponent, 7 mantissa bits) with low-bit patterns
+// that sit on and around every rounding boundary of both formats, plus random low bits (the
+// float16 subnormal range rounds away up to 24 bits).
+TEST(HalfCast, NarrowMatchesScalarOnEveryRoundingBoundary) {
+  std::vector<uint32_t> lows = {0x0,    0x1,    0xfff,  0x1000, 0x1001, 0x1fff, 0x2000,
+                                0x2001, 0x3000, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff};
+  std::mt19937 rng(11);
+  while (lows.size() < 64) lows.push_back(rng() & 0xffffu);
+  std::vector<float> src;
+  src.reserve(65536 * lows.size());
+  for (uint32_t hi = 0; hi < 65536; ++hi) {
+    for (uint32_t lo : lows) src.push_back(BitsToFloat((hi << 16) | lo));
+  }
+  for (uint32_t e = 0x33000000u; e < 0x38800000u; e += 0x101u) src.push_back(BitsToFloat(e));
+  std::vector<uint16_t> out(src.size());
+  NarrowFromFloat32(DType::kFloat16, src.data(), out.data(), src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(out[i], FloatToHalf(src[i])) << std::hex << FloatBits(src[i]);
+  }
+  NarrowFromFloat32(DType::kBFloat16, src.data(), out.data(), src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(out[i], FloatToBFloat16(src[i])) << std::hex << FloatBits(src[i]);
+  }
+  NarrowFromFloat32(DType::kFloat16, nullptr, nullptr, 0);  // empty: touches nothing
 }
 
 TEST(Settings, DefaultsEnvAndApi) {

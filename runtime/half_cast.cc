@@ -1,5 +1,5 @@
-// Bulk dtype casts on host memory: float32 <-> float16 / bfloat16 and same-type copies
-// (CpuKernels().Cast, whose arguments kernels/contract.cc has checked).
+// Bulk float16 / bfloat16 <-> float32 conversions on host memory (runtime/half_cast.h), the
+// host twin of cuda_util's LaunchWidenToFloat32 / LaunchNarrowFromFloat32.
 //
 // The conversions give bit-identical results to runtime/half.h's scalar functions (round to
 // nearest even; NaN -> the canonical quiet NaN 0x7e00 for float16, the quieted truncation for
@@ -11,14 +11,14 @@
 //    the half's mantissa (2^-14 itself comes out as 0x400, the smallest normal half).
 //  - float16 -> float32: rebias the exponent (normal, inf, NaN); subnormals are mant * 2^-24,
 //    exact in float32.
-#include <algorithm>
-#include <cstring>
+#include "runtime/half_cast.h"
 
-#include "kernels/cpu/cpu_impl.h"
+#include <cstdint>
+
 #include "runtime/half.h"
+#include "runtime/multiversion.h"
 
 namespace poseidon {
-namespace cpu {
 namespace {
 
 // Branch-free select (all-ones mask when cond): keeps the loops free of control flow, which the
@@ -28,11 +28,10 @@ inline uint32_t Select(bool cond, uint32_t a, uint32_t b) {
   return (a & mask) | (b & ~mask);
 }
 
-// Wider clones of the cast loops, picked at load time from the CPU's features (no -march
-// needed, and valgrind, which hides AVX-512, gets the AVX2 clone).
-// ThreadSanitizer's runtime is not ready when ifunc resolvers run at load time (GCC), so a
-// TSan build keeps the single default version.
-#if defined(__SANITIZE_THREAD__)
+// Wider clones of the cast loops (AVX-512 too, unlike PSD_MULTIVERSION: the selects gain from
+// it), picked at load time from the CPU's features; none under ThreadSanitizer (see
+// runtime/multiversion.h).
+#if defined(PSD_THREAD_SANITIZER)
 #define kCastClones
 #else
 #define kCastClones __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -83,25 +82,22 @@ kCastClones void Bf16ToF32(const uint16_t* __restrict src, float* __restrict dst
 
 }  // namespace
 
-void Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t count) {
-  if (src_type == dst_type) {
-    std::memcpy(dst, src, count * DTypeSize(src_type));
-    return;
-  }
-  const auto* s16 = static_cast<const uint16_t*>(src);
-  const auto* s32 = static_cast<const float*>(src);
-  auto* d16 = static_cast<uint16_t*>(dst);
-  auto* d32 = static_cast<float*>(dst);
-  if (dst_type == DType::kFloat16) {
-    F32ToF16(s32, d16, count);
-  } else if (src_type == DType::kFloat16) {
-    F16ToF32(s16, d32, count);
-  } else if (dst_type == DType::kBFloat16) {
-    F32ToBf16(s32, d16, count);
+void WidenToFloat32(DType dtype, const void* src, float* dst, size_t n) {
+  const auto* s = static_cast<const uint16_t*>(src);
+  if (dtype == DType::kFloat16) {
+    F16ToF32(s, dst, n);
   } else {
-    Bf16ToF32(s16, d32, count);
+    Bf16ToF32(s, dst, n);
   }
 }
 
-}  // namespace cpu
+void NarrowFromFloat32(DType dtype, const float* src, void* dst, size_t n) {
+  auto* d = static_cast<uint16_t*>(dst);
+  if (dtype == DType::kFloat16) {
+    F32ToF16(src, d, n);
+  } else {
+    F32ToBf16(src, d, n);
+  }
+}
+
 }  // namespace poseidon
