@@ -91,8 +91,9 @@ Result<std::unique_ptr<Request>> MpiBackend::DoIAllReduce(const void* send, void
     rc = MPI_Iallreduce(copy, wide.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_,
                         req->handle());
     Scratch* scratch = &req->scratch();
-    req->set_finish(
-        [scratch, dtype, recv, count] { NarrowFromFloat32(dtype, scratch->wide.data(), recv, count); });
+    req->set_finish([scratch, dtype, recv, count] {
+      NarrowFromFloat32(dtype, scratch->wide.data(), recv, count);
+    });
   } else {
     const void* src =
         send == recv ? OutOfPlaceSend(&req->scratch(), recv, count * DTypeSize(dtype)) : send;
