@@ -294,4 +294,22 @@ Status AgreeOnValues(MPI_Comm comm, const std::vector<AgreedValue>& values, cons
   return DescribeMismatch(lists, call);
 }
 
+Result<std::vector<std::string>> GatherHostNames(MPI_Comm comm, const char* call) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  char name[MPI_MAX_PROCESSOR_NAME + 1] = {0};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::vector<char> all(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
+  int rc = MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                         MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm);
+  if (rc != MPI_SUCCESS) return MpiError(StrCat(call, ": MPI_Allgather(host names)").c_str(), rc);
+  std::vector<std::string> hosts(static_cast<size_t>(size));
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    const char* h = &all[r * MPI_MAX_PROCESSOR_NAME];
+    hosts[r].assign(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+  }
+  return hosts;
+}
+
 }  // namespace poseidon

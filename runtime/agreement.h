@@ -24,8 +24,8 @@ struct AgreedValue {
 // Collective over comm: every rank calls it, with its own values, before any other collective
 // on comm. Ok when every rank passed the same list (same names and values, in the same order).
 // Costs one bitwise-OR allreduce of four words (the list's length and its hash as agreed values,
-// runtime/or_agreement.h); only when they differ, a second round (MPI_Allgather of lengths, MPI_Allgatherv of the lists) gathers every
-// rank's list, so that every rank returns the same kMismatch naming each differing value with
+// runtime/or_agreement.h); only when they differ, a second round (MPI_Allgather of lengths,
+// MPI_Allgatherv of the lists) gathers every rank's list, so that every rank returns the same kMismatch naming each differing value with
 // its ranks grouped by value, e.g.
 //   "Communicator::Create: POSEIDON_FUSION_BYTES differs across ranks (rank 0: 0; ranks 1-3:
 //    4194304); expected the same value on every rank (set it alike for all ranks, e.g.
@@ -33,6 +33,11 @@ struct AgreedValue {
 // A list of another length (a different build) is a mismatch too. call names the caller in
 // the message. An MPI failure returns kBackendError.
 Status AgreeOnValues(MPI_Comm comm, const std::vector<AgreedValue>& values, const char* call);
+
+// Collective over comm: every rank's host name (MPI_Get_processor_name), indexed by rank, for
+// counting nodes and for naming a rank's host in messages. call names the caller in the error
+// (kBackendError) when MPI fails.
+Result<std::vector<std::string>> GatherHostNames(MPI_Comm comm, const char* call);
 
 // The current value of every Agreed setting, in declaration order (name = the POSEIDON_*
 // variable). Values are written in one canonical form per type (bool 1/0, int in decimal, the

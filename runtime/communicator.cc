@@ -66,17 +66,9 @@ Result<std::shared_ptr<Communicator>> Communicator::Create(MPI_Comm comm) {
   MPI_Comm_size(c->local_comm_, &c->local_size_);
 
   // Host names of every rank: number of nodes and the host-set key.
-  char name[MPI_MAX_PROCESSOR_NAME] = {0};
-  int len = 0;
-  MPI_Get_processor_name(name, &len);
-  std::vector<char> all(static_cast<size_t>(c->size_) * MPI_MAX_PROCESSOR_NAME);
-  rc = MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
-                     MPI_CHAR, c->comm_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Allgather(host names)", rc);
-  std::set<std::string> hosts;
-  for (int r = 0; r < c->size_; ++r) {
-    hosts.insert(std::string(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]));
-  }
+  PSD_ASSIGN_OR_RETURN(std::vector<std::string> names,
+                       GatherHostNames(c->comm_, "Communicator::Create"));
+  const std::set<std::string> hosts(names.begin(), names.end());
   c->num_nodes_ = static_cast<int>(hosts.size());
   uint64_t h = kFnv1aOffset;
   for (const auto& s : hosts) h = Fnv1a(s.c_str(), s.size() + 1, h);  // the NUL separates names

@@ -1,7 +1,6 @@
 #include "runtime/heartbeat.h"
 
-#include <cstring>
-
+#include "runtime/agreement.h"
 #include "runtime/mpi_backend.h"
 
 namespace poseidon {
@@ -24,19 +23,8 @@ Result<std::unique_ptr<HeartbeatChannel>> HeartbeatChannel::Create(MPI_Comm comm
   MPI_Comm_rank(c->comm_, &c->rank_);
   MPI_Comm_size(c->comm_, &c->size_);
 
-  char name[MPI_MAX_PROCESSOR_NAME + 1] = {0};
-  int len = 0;
-  MPI_Get_processor_name(name, &len);
+  PSD_ASSIGN_OR_RETURN(c->hosts_, GatherHostNames(c->comm_, "HeartbeatChannel::Create"));
   const size_t n = static_cast<size_t>(c->size_);
-  std::vector<char> all(n * MPI_MAX_PROCESSOR_NAME);
-  rc = MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
-                     MPI_CHAR, c->comm_);
-  if (rc != MPI_SUCCESS) return MpiError("HeartbeatChannel::Create: MPI_Allgather(host names)", rc);
-  c->hosts_.resize(n);
-  for (size_t r = 0; r < n; ++r) {
-    const char* h = &all[r * MPI_MAX_PROCESSOR_NAME];
-    c->hosts_[r].assign(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
-  }
   c->send_word_.assign(n, 0);
   c->recv_word_.assign(n, 0);
   c->send_req_.assign(n, MPI_REQUEST_NULL);
