@@ -14,10 +14,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned GridFor(size_t n) {
-  size_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(blocks, 65535)));
-}
+unsigned GridFor(size_t n) { return GridStrideBlocks(n, kThreads); }
 
 template <typename Half>
 __device__ float ToFloat(Half h);

@@ -1,13 +1,16 @@
 // Small helpers for the CUDA runtime API shared by the device backends, the CUDA kernels, the
-// engine's stream seam (engine/stream_sync.cc), the GPU tests and poseidon-info. Only the runtime API is used (never libcuda / the driver API),
-// so binaries start on machines without a GPU and report a clean error instead.
+// engine's stream seam (engine/stream_sync.cc), the GPU tests and poseidon-info. Only the
+// runtime API is used (never libcuda / the driver API), so binaries start on machines without
+// a GPU and report a clean error instead.
 //
 // Built only when POSEIDON_CUDA_ENABLED; include it only from CUDA-enabled code.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,6 +30,14 @@ Status CudaStatus(cudaError_t err, const char* what);
 
 // Evaluates a cudaError_t expression and returns its Status (with the location) on failure.
 #define PSD_CUDA_CHECK(expr) PSD_CHECK(::poseidon::CudaStatus((expr), #expr))
+
+// The grid of a grid-stride loop over `work` items with `threads` per block: one block per
+// `threads` items, at least 1 and at most 65535 (the loop covers the rest; plenty to fill any
+// current GPU).
+inline unsigned GridStrideBlocks(uint64_t work, int threads) {
+  const uint64_t t = static_cast<uint64_t>(threads);
+  return static_cast<unsigned>(std::clamp<uint64_t>((work + t - 1) / t, 1, 65535));
+}
 
 // Number of visible GPUs. kUnavailable (with the CUDA error string) when the runtime cannot
 // reach a driver or sees no device, so callers can tell "no GPU here" from a broken call.

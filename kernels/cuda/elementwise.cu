@@ -20,11 +20,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned GridFor(size_t n) {
-  size_t blocks = (n + kThreads - 1) / kThreads;
-  // Grid-stride loops cover the rest; 65535 blocks is plenty to fill any current GPU.
-  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(blocks, 65535)));
-}
+unsigned GridFor(size_t n) { return GridStrideBlocks(n, kThreads); }
 
 #define PSD_GRID_STRIDE(i, n)                                                          \
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \

@@ -181,10 +181,7 @@ class CudaScatterWorkspace final : public ScatterWorkspace {
   DeviceBlock starts_;                         // segment starts, grown as needed
 };
 
-unsigned GridFor(uint64_t threads) {
-  uint64_t blocks = (threads + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>(blocks, 65535)));
-}
+unsigned GridFor(uint64_t threads) { return GridStrideBlocks(threads, kThreads); }
 
 }  // namespace
 
