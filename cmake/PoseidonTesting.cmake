@@ -5,6 +5,16 @@ set(POSEIDON_MPIRUN_FLAGS --oversubscribe --bind-to none --mca mpi_yield_when_id
     --mca btl self,vader,tcp CACHE STRING "Extra mpirun flags for tests")
 set(POSEIDON_MPI_TEST_ENV
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1)
+# POSEIDON_TSAN_TEST_ENV: under ThreadSanitizer (POSEIDON_SANITIZE=thread), the suppressions of
+# Open MPI's own internals (test/engine/tsan.supp) and both stacks of a lock-order report. Every
+# multi-rank test gets it through POSEIDON_MPI_TEST_ENV; a process-local test adds it to its
+# ENVIRONMENT. Empty in other builds.
+set(POSEIDON_TSAN_TEST_ENV "")
+if(POSEIDON_SANITIZE STREQUAL "thread")
+  set(_psd_tsan_supp ${PROJECT_SOURCE_DIR}/test/engine/tsan.supp)
+  set(POSEIDON_TSAN_TEST_ENV "TSAN_OPTIONS=suppressions=${_psd_tsan_supp} second_deadlock_stack=1")
+  list(APPEND POSEIDON_MPI_TEST_ENV "${POSEIDON_TSAN_TEST_ENV}")
+endif()
 
 function(psd_add_mpi_test target)
   cmake_parse_arguments(T "" "TIMEOUT" "NP;ARGS;LABELS;ENV" ${ARGN})

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build, run every test (each mpirun has a
 # timeout). Then, each in its own build next to the main one (<build>-tsan, -asan, -fuzz):
-#  - ThreadSanitizer: the engine's and liveness monitor's multi-rank tests;
+#  - ThreadSanitizer: every test of code with threads of its own: the engine (engine_test with
+#    its fault cases, engine_unit_test with the timeline's writer thread), the liveness monitor
+#    (liveness_test, liveness_abort_test), the C API over the engine (c_api_test,
+#    c_api_errors_test, c_api_engine_test at np 1-4), the host backend's deadlines under the
+#    liveness thread (deadline_test at np 2) and the liveness drills on the trainer (drill_*);
 #  - AddressSanitizer + UndefinedBehaviorSanitizer: the test suite again, at np 1 to 3;
 #  - libFuzzer (clang): the parsers of outside input (plan table, cost-model cache file, setting
 #    values, C API layer configs), every committed corpus input once, then fuzzed for a while.
@@ -18,15 +22,26 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 (cd "$build" && ctest --output-on-failure --timeout 600 "$@")
 
 if [[ "${POSEIDON_TSAN:-1}" != "0" && $# -eq 0 ]]; then
-  echo "== ThreadSanitizer: the engine under mpirun"
+  echo "== ThreadSanitizer: the engine, liveness, C API, deadline and drill tests"
   tsan="${build}-tsan"
   gen=()
   command -v ninja >/dev/null && [[ ! -f "$tsan/Makefile" ]] && gen=(-G Ninja)
+  # Examples on: the drills run the trainer (poseidon_mlp); only the targets below are built.
   cmake -S "$root" -B "$tsan" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DPOSEIDON_SANITIZE=thread -DPOSEIDON_WITH_CUDA=OFF -DPOSEIDON_BUILD_PYTHON=OFF \
-    -DPOSEIDON_BUILD_BENCH=OFF -DPOSEIDON_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$tsan" -j "$(nproc)" --target engine_test liveness_test
-  (cd "$tsan" && ctest --output-on-failure --timeout 600 -R '^(engine_test|liveness_test)_np')
+    -DPOSEIDON_BUILD_BENCH=OFF -DPOSEIDON_BUILD_EXAMPLES=ON >/dev/null
+  cmake --build "$tsan" -j "$(nproc)" --target engine_test engine_unit_test liveness_test \
+    c_api_test c_api_errors_test c_api_engine_test deadline_test poseidon_mlp
+  # Every world size of the engine and liveness tests. Fewer elsewhere, to keep this pass's
+  # tests near two minutes on 2 cores (its build about 50 s): the C API tests at np 1-4 only
+  # (the odd sizes add no thread of their own), deadline_test at np 2 only (each size sleeps on
+  # purpose, about 14 s a run). Left out: the shared-memory, collectives, hybrid and agreement
+  # tests, which start no thread beside the communicator's liveness thread (the tests above
+  # cover it, and the engine thread runs the shared-memory and hybrid collectives there).
+  tests='^(engine_unit_test|(engine|liveness)_test_np[0-9]+|liveness_abort_test_np3'
+  tests+='|c_api_test_np[1-4]|c_api_errors_test_np[12]|c_api_engine_test_np[1-3]'
+  tests+='|deadline_test_np2|drill_.*)$'
+  (cd "$tsan" && ctest --output-on-failure --timeout 600 -R "$tests")
 fi
 
 if [[ "${POSEIDON_ASAN:-1}" != "0" && $# -eq 0 ]]; then

@@ -1,12 +1,7 @@
 # Peer liveness (runtime/liveness.h) and its heartbeat transport, under mpirun.
 add_executable(liveness_test engine/liveness_test.cc)
 target_link_libraries(liveness_test PRIVATE poseidon_engine poseidon_mpi_test_main)
-# Under ThreadSanitizer, Open MPI's own internals are suppressed (see engine/tsan.supp).
 set(_psd_liveness_env POSEIDON_LOG_LEVEL=warn)
-if(POSEIDON_SANITIZE STREQUAL "thread")
-  list(APPEND _psd_liveness_env
-       "TSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/engine/tsan.supp second_deadlock_stack=1")
-endif()
 # np 7 too (an odd size with many peers); its runs take about 8 s, mostly waiting on purpose.
 psd_add_mpi_test(liveness_test NP 2 3 4 7 TIMEOUT 60 LABELS "engine;liveness"
                  ENV ${_psd_liveness_env})

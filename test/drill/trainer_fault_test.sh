@@ -9,6 +9,7 @@
 #   expect=alive : the trainer's --sleep-rank puts one rank's training thread to sleep (its
 #     process runs on). Passes only when mpirun exits 0 within <wall_s>, training completed
 #     (the summary and the bit-identical-parameters lines) and nobody printed "lost peer".
+#   Either way, no rank may print a ThreadSanitizer report (the TSan build).
 #
 # Never hangs: mpirun runs under `timeout -k 5 60`. The trainer is launched through a symlink in
 # a directory of our own, a marker no other process carries: whatever mpirun leaves behind (a
@@ -66,6 +67,10 @@ if [[ -n "$left" ]]; then
   pkill -KILL -f "^$marker( |$)"
   fail "mpirun exited (rc $rc) and left $(echo "$left" | wc -l) trainer process(es) behind (killed)"
 fi
+
+# A sanitizer build's report fails the test whatever the exit status (a lost peer ends the job
+# with a non-zero one anyway).
+grep -q "WARNING: ThreadSanitizer" "$log" && fail "ThreadSanitizer reported (see above)"
 
 total=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
 [[ $rc -ne 124 && $rc -ne 137 ]] || fail "mpirun ran into the 60 s timeout (rc $rc)"

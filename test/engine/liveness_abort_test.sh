@@ -4,7 +4,8 @@
 #   - mpirun exits non-zero (MPI_Abort) but not by our own timeout,
 #   - a survivor printed "poseidon: ... lost peer rank <last> (host ...)",
 #   - the job ended within <bound_s> of the stop (the rank prints its wall-clock stop time),
-#   - nobody printed "NO ABORT" (the survivors' own fallback after 10 s).
+#   - nobody printed "NO ABORT" (the survivors' own fallback after 10 s),
+#   - no rank printed a ThreadSanitizer report (the TSan build).
 # Usage: liveness_abort_test.sh <bound_s> <mpiexec> <np> <binary> [mpiexec flags...]
 set -u
 bound=$1 mpiexec=$2 np=$3 binary=$4
@@ -26,6 +27,9 @@ if grep -q "liveness_test: SKIP" "$log"; then
   echo "liveness_abort_test: SKIP"
   exit 77
 fi
+# A sanitizer build's report fails the test whatever the exit status (the abort ends the job
+# with a non-zero one anyway).
+grep -q "WARNING: ThreadSanitizer" "$log" && fail "ThreadSanitizer reported (see above)"
 last=$((np - 1))
 stop=$(sed -n 's/.*rank [0-9]* stops itself at \([0-9.]*\).*/\1/p' "$log" | head -n 1)
 [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "mpirun ran into the 60 s timeout (rc $rc)"
