@@ -15,6 +15,7 @@ Result<std::unique_ptr<Controller>> Controller::Create(MPI_Comm comm, int num_la
   PSD_ASSIGN_OR_RETURN(c->channel_, ControlChannel::Create(comm));
   c->send_ = std::make_unique<NegotiationVector>(num_layers);
   c->recv_ = std::make_unique<NegotiationVector>(num_layers);
+  c->result_ = std::make_unique<NegotiationVector>(num_layers);
   return c;
 }
 
@@ -23,14 +24,22 @@ Status Controller::Post() {
   return channel_->PostOr(send_->data(), recv_->data(), static_cast<size_t>(send_->size()));
 }
 
-Result<bool> Controller::Test() { return channel_->TestOr(); }
+__attribute__((noinline)) void Controller::TakeDelivered() {
+  const size_t bytes = static_cast<size_t>(recv_->size()) * sizeof(uint64_t);
+  std::memcpy(result_->data(), recv_->data(), bytes);
+}
+
+
 
 Status Controller::Wait(const Interrupt* interrupt, double limit_s) {
   const double start = Timeline::NowUs();
   long long sleep_us = 0;
   for (int polls = 0;; ++polls) {
     PSD_ASSIGN_OR_RETURN(bool done, channel_->TestOr());
-    if (done) return Status::Ok();
+    if (done) {
+      TakeDelivered();
+      return Status::Ok();
+    }
     Status lost = interrupt != nullptr ? interrupt->Check() : Status::Ok();
     const double waited_s = (Timeline::NowUs() - start) * 1e-6;
     if (!lost.ok() || (limit_s > 0 && waited_s > limit_s)) {

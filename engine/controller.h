@@ -22,14 +22,13 @@ class Controller {
   static Result<std::unique_ptr<Controller>> Create(MPI_Comm comm, int num_layers);
 
   NegotiationVector& send() { return *send_; }
-  const NegotiationVector& result() const { return *recv_; }
+  // The last completed round's reduction (a copy: see TakeDelivered).
+  const NegotiationVector& result() const { return *result_; }
   bool pending() const { return channel_->or_pending(); }
   double posted_us() const { return posted_us_; }
 
   // Posts the reduction of send() into result().
   Status Post();
-  // Polls the posted round: true once result() holds it. Never blocks.
-  Result<bool> Test();
   // Waits for the posted round, polling with growing sleeps so oversubscribed ranks leave the
   // cores to those doing work; stops at once when `interrupt` reports a lost peer, and after
   // `limit_s` (0: none) with kTimeout naming this rank.
@@ -47,10 +46,17 @@ class Controller {
 
  private:
   Controller() = default;
+  // Copies the completed round's receive buffer into result_. The one place the engine reads a
+  // buffer Open MPI wrote: whichever thread drove MPI's progress (a user thread waiting, the
+  // liveness thread) may have unpacked it, ordered with the completion by Open MPI's own
+  // atomics, which ThreadSanitizer cannot see (test/engine/tsan.supp names this function).
+  void TakeDelivered();
+
   std::unique_ptr<ControlChannel> channel_;
   // Heap buffers, released only once their round completed: an abandoned round (a lost peer)
   // leaves them to MPI.
   std::unique_ptr<NegotiationVector> send_, recv_;
+  std::unique_ptr<NegotiationVector> result_;
   double posted_us_ = 0;
 };
 
