@@ -6,9 +6,9 @@ set(POSEIDON_MPIRUN_FLAGS --oversubscribe --bind-to none --mca mpi_yield_when_id
 set(POSEIDON_MPI_TEST_ENV
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1)
 # POSEIDON_TSAN_TEST_ENV: under ThreadSanitizer (POSEIDON_SANITIZE=thread), the suppressions of
-# Open MPI's own internals (test/engine/tsan.supp) and both stacks of a lock-order report. Every
-# multi-rank test gets it through POSEIDON_MPI_TEST_ENV; a process-local test adds it to its
-# ENVIRONMENT. Empty in other builds.
+# Open MPI's uninstrumented hand-overs (test/engine/tsan.supp) and both stacks of a lock-order
+# report. Every multi-rank test gets it through POSEIDON_MPI_TEST_ENV; a process-local test adds
+# it to its ENVIRONMENT. Empty in other builds.
 set(POSEIDON_TSAN_TEST_ENV "")
 if(POSEIDON_SANITIZE STREQUAL "thread")
   set(_psd_tsan_supp ${PROJECT_SOURCE_DIR}/test/engine/tsan.supp)

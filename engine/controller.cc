@@ -29,8 +29,6 @@ __attribute__((noinline)) void Controller::TakeDelivered() {
   std::memcpy(result_->data(), recv_->data(), bytes);
 }
 
-
-
 Status Controller::Wait(const Interrupt* interrupt, double limit_s) {
   const double start = Timeline::NowUs();
   long long sleep_us = 0;

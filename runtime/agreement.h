@@ -25,8 +25,8 @@ struct AgreedValue {
 // on comm. Ok when every rank passed the same list (same names and values, in the same order).
 // Costs one bitwise-OR allreduce of four words (the list's length and its hash as agreed values,
 // runtime/or_agreement.h); only when they differ, a second round (MPI_Allgather of lengths,
-// MPI_Allgatherv of the lists) gathers every rank's list, so that every rank returns the same kMismatch naming each differing value with
-// its ranks grouped by value, e.g.
+// MPI_Allgatherv of the lists) gathers every rank's list, so that every rank returns the same
+// kMismatch naming each differing value with its ranks grouped by value, e.g.
 //   "Communicator::Create: POSEIDON_FUSION_BYTES differs across ranks (rank 0: 0; ranks 1-3:
 //    4194304); expected the same value on every rank (set it alike for all ranks, e.g.
 //    mpirun -x POSEIDON_FUSION_BYTES)"

@@ -1,11 +1,9 @@
-// The runtime's own device kernels: the float16 / bfloat16 <-> float32 casts that let the NCCL
-// backend accumulate half-precision sums in float32 (runtime/ includes nothing above it, so it
-// cannot use the Cast of kernels/). Grid-stride loops, one element per thread and step.
+// The runtime's own device kernels: the float16 / bfloat16 <-> float32 casts (the device twins
+// of runtime/half_cast.h) that let the NCCL backend accumulate half-precision sums in float32.
+// Grid-stride loops, one element per thread and step.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-#include <algorithm>
 
 #include "runtime/cuda_util.h"
 

@@ -2,6 +2,7 @@
 
 #include "runtime/agreement.h"
 #include "runtime/mpi_backend.h"
+#include "runtime/or_agreement.h"
 
 namespace poseidon {
 namespace {
@@ -67,12 +68,15 @@ const std::string& HeartbeatChannel::host(int r) const {
   return r >= 0 && r < size_ ? hosts_[static_cast<size_t>(r)] : kUnknown;
 }
 
-Result<std::vector<double>> HeartbeatChannel::MaxOverRanks(const std::vector<double>& values) {
-  std::vector<double> out(values.size());
-  int rc = MPI_Allreduce(values.data(), out.data(), static_cast<int>(values.size()), MPI_DOUBLE,
-                         MPI_MAX, comm_);
-  if (rc != MPI_SUCCESS) return MpiError("HeartbeatChannel::MaxOverRanks: MPI_Allreduce", rc);
-  return out;
+Status HeartbeatChannel::OrOverRanks(uint64_t* words, size_t n) {
+  return or_agreement::OrAllReduce(comm_, words, n, MpiWait{nullptr, "HeartbeatChannel"}, nullptr);
+}
+
+Result<std::vector<double>> HeartbeatChannel::GatherValues(double mine) {
+  std::vector<double> all(static_cast<size_t>(size_));
+  int rc = MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm_);
+  if (rc != MPI_SUCCESS) return MpiError("HeartbeatChannel::GatherValues: MPI_Allgather", rc);
+  return all;
 }
 
 Result<bool> HeartbeatChannel::Send(int peer, uint64_t seq, bool leaving) {

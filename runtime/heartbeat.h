@@ -49,9 +49,12 @@ class HeartbeatChannel {
   // The host name rank r reported at creation ("?" for a rank out of range).
   const std::string& host(int r) const;
 
-  // Collective (every rank, same length, from the thread that made the channel before any other
-  // thread uses it): the element-wise maximum over ranks. Liveness agrees on its options with it.
-  Result<std::vector<double>> MaxOverRanks(const std::vector<double>& values);
+  // Collectives (every rank alike, from the thread that made the channel before any other
+  // thread uses it), with which Liveness agrees on its options: words[0..n) = their bitwise OR
+  // over the ranks, in place (the one agreement protocol, runtime/or_agreement.h); and every
+  // rank's `mine`, in rank order (the rarer second round that names a mismatch).
+  Status OrOverRanks(uint64_t* words, size_t n);
+  Result<std::vector<double>> GatherValues(double mine);
 
   // Posts one beat to peer (not this rank) without blocking. Returns false when the previous
   // beat to peer is still in flight, in which case this one is skipped.

@@ -17,11 +17,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <system_error>
 
 #include "runtime/heartbeat.h"
 #include "runtime/log.h"
+#include "runtime/or_agreement.h"
 
 namespace poseidon {
 namespace {
@@ -118,19 +120,27 @@ Result<std::unique_ptr<Liveness>> Liveness::Create(MPI_Comm comm, const Liveness
   const double timeout = options.peer_timeout_s;
   const bool valid = std::isfinite(timeout) && timeout >= 0 && std::isfinite(options.grace_s) &&
                      options.grace_s >= 0;
-  const double t = valid ? timeout : 0;
-  PSD_ASSIGN_OR_RETURN(std::vector<double> agreed,
-                       l->channel_->MaxOverRanks({t, -t, valid ? 0.0 : 1.0}));
+  const double t = valid ? timeout + 0.0 : 0;  // + 0.0: -0 and 0 agree
+  // The timeout as an agreed value and an "invalid here" flag, in one OR round.
+  uint64_t words[3];
+  uint64_t bits = 0;
+  std::memcpy(&bits, &t, sizeof(bits));
+  or_agreement::PutValue(words, bits);
+  words[2] = valid ? 0 : 1;
+  PSD_CHECK(l->channel_->OrOverRanks(words, 3));
   PSD_REQUIRE_ARG(valid, "Liveness::Create: peer_timeout_s is ", timeout, " and grace_s is ",
                   options.grace_s,
                   "; expected finite values >= 0 (POSEIDON_PEER_TIMEOUT_S, 0 disables liveness)");
-  PSD_REQUIRE_ARG(agreed[2] == 0,
+  PSD_REQUIRE_ARG(words[2] == 0,
                   "Liveness::Create: another rank passed an invalid peer_timeout_s or grace_s "
                   "(its own error names them); expected finite values >= 0 on every rank");
-  PSD_REQUIRE_ARG(agreed[0] == -agreed[1],
-                  "Liveness::Create: peer_timeout_s differs across ranks (", -agreed[1], " s to ",
-                  agreed[0], " s; this rank ", t,
-                  " s); expected the same value on every rank (POSEIDON_PEER_TIMEOUT_S)");
+  if (!or_agreement::AllSame(words)) {
+    PSD_ASSIGN_OR_RETURN(std::vector<double> all, l->channel_->GatherValues(t));
+    const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
+    return InvalidArgument("Liveness::Create: peer_timeout_s differs across ranks (", *lo,
+                           " s to ", *hi, " s; this rank ", t,
+                           " s); expected the same value on every rank (POSEIDON_PEER_TIMEOUT_S)");
+  }
   if (t == 0 || l->channel_->size() == 1) {
     l->channel_.reset();  // only collectives ran on it: freed at once
     return l;

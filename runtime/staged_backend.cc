@@ -27,8 +27,8 @@ struct StagedBackend::Op {
   DType dtype = DType::kFloat32;
   size_t count = 0;
   CallOptions host;            // the host collective's options
-  PinnedPool::Buffer buf;      // [0, out_offset): the input; the output at out_offset
-  size_t out_offset = 0, out_bytes = 0;
+  PinnedPool::Buffer buf;      // the input, summed in place
+  size_t bytes = 0;
   void* dev_out = nullptr;
   cudaStream_t stream = nullptr;
   CudaEvent staged;  // recorded after the copy of the input to buf
@@ -92,13 +92,12 @@ class DoneRequest : public Request {
 
 std::shared_ptr<StagedBackend::Op> StagedBackend::NewOp(const char* call, DType dtype,
                                                         const CallOptions& opts, void* dev_out,
-                                                        size_t out_offset, size_t out_bytes) {
+                                                        size_t bytes) {
   auto op = std::make_shared<Op>();
   op->call = call;
   op->dtype = dtype;
   op->host = HostCall(opts);
-  op->out_offset = out_offset;
-  op->out_bytes = out_bytes;
+  op->bytes = bytes;
   op->dev_out = dev_out;
   op->stream = ToStream(opts);
   return op;
@@ -146,9 +145,9 @@ class StagedBackend::StagedRequest : public Request {
  private:
   Status CopyBack() {
     PSD_CHECK(op_->error);
-    if (op_->out_bytes > 0) {
-      op_->error = CudaStatus(cudaMemcpyAsync(op_->dev_out, At(op_->buf.data(), op_->out_offset),
-                                              op_->out_bytes, cudaMemcpyHostToDevice, op_->stream),
+    if (op_->bytes > 0) {
+      op_->error = CudaStatus(cudaMemcpyAsync(op_->dev_out, op_->buf.data(), op_->bytes,
+                                              cudaMemcpyHostToDevice, op_->stream),
                               "StagedBackend: cudaMemcpyAsync(host -> device)");
       // The buffer stays out of the pool until that copy has run (a failed enqueue: no copy).
       if (op_->error.ok()) backend_->RetireAfter(std::move(op_->buf), op_->stream);
@@ -440,15 +439,12 @@ Status StagedBackend::Barrier() {
   return host_->Barrier();
 }
 
-Result<std::unique_ptr<Request>> StagedBackend::Start(std::shared_ptr<Op> op, const void* dev,
-                                                      size_t bytes) {
+Result<std::unique_ptr<Request>> StagedBackend::Start(std::shared_ptr<Op> op, const void* dev) {
   PSD_CHECK(Usable(op->call));
   PSD_ASSIGN_OR_RETURN(op->staged, CudaEvent::Create());
-  PSD_ASSIGN_OR_RETURN(op->buf, pool_->Acquire(op->out_offset + op->out_bytes));
-  if (bytes > 0) {
-    PSD_CUDA_CHECK(cudaMemcpyAsync(op->buf.data(), dev, bytes, cudaMemcpyDeviceToHost,
-                                   op->stream));
-  }
+  PSD_ASSIGN_OR_RETURN(op->buf, pool_->Acquire(op->bytes));
+  PSD_CUDA_CHECK(cudaMemcpyAsync(op->buf.data(), dev, op->bytes, cudaMemcpyDeviceToHost,
+                                 op->stream));
   Status s = op->staged.Record(op->stream);
   if (!s.ok()) {
     RetireAfter(std::move(op->buf), op->stream);
@@ -469,9 +465,9 @@ Result<std::unique_ptr<Request>> StagedBackend::DoIAllReduce(const void* send, v
   Reap();
   const size_t bytes = count * DTypeSize(dtype);
   if (count == 0) return std::unique_ptr<Request>(new DoneRequest());
-  auto op = NewOp("IAllReduce", dtype, opts, recv, 0, bytes);  // in place
+  auto op = NewOp("IAllReduce", dtype, opts, recv, bytes);
   op->count = count;
-  return Start(std::move(op), send, bytes);
+  return Start(std::move(op), send);
 }
 
 }  // namespace poseidon

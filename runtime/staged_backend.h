@@ -76,10 +76,10 @@ class StagedBackend : public CheckedBackend {
   struct InFlight;
   struct Op;
   class StagedRequest;
-  // A queued call (its kind still to set): the host collective's options, where its output
-  // goes (out_bytes at out_offset of the pinned buffer, to dev_out) and the caller's stream.
+  // A queued non-blocking allreduce: the host collective's options, its `bytes` (summed in place
+  // in the pinned buffer, then copied to dev_out) and the caller's stream.
   static std::shared_ptr<Op> NewOp(const char* call, DType dtype, const CallOptions& opts,
-                                   void* dev_out, size_t out_offset, size_t out_bytes);
+                                   void* dev_out, size_t bytes);
   StagedBackend(MpiBackend* host, double timeout_s);
 
   // A blocking host call's status; when the call gave up with its collective still running
@@ -103,7 +103,7 @@ class StagedBackend : public CheckedBackend {
   // Returns buffers whose copies have finished to the pool.
   void Reap();
   // A non-blocking call's start: the copy to `op`'s buffer, the event after it, the queue.
-  Result<std::unique_ptr<Request>> Start(std::shared_ptr<Op> op, const void* dev, size_t bytes);
+  Result<std::unique_ptr<Request>> Start(std::shared_ptr<Op> op, const void* dev);
   // Posts, in call order, the host collectives of queued calls whose copies are done. With
   // `wait`, first waits (within the deadline and the interrupt) until `until` (null: every
   // queued call) is posted. Returns `until`'s error, or the one that broke the backend here.

@@ -161,10 +161,12 @@ TEST(HeartbeatChannelTest, BeatsArriveFromEveryPeerInOrderAndHostsAreGathered) {
     EXPECT_EQ(beats[1].seq, 8u);
     EXPECT_TRUE(beats[1].leaving);
   }
-  auto max = ch.MaxOverRanks({static_cast<double>(me), -static_cast<double>(me)});
-  ASSERT_TRUE(max.ok()) << max.status().ToString();
-  EXPECT_EQ((*max)[0], n - 1);
-  EXPECT_EQ((*max)[1], 0);
+  uint64_t word = uint64_t{1} << (me % 64);
+  ASSERT_TRUE(ch.OrOverRanks(&word, 1).ok());
+  EXPECT_EQ(word, n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1);
+  auto all = ch.GatherValues(static_cast<double>(me));
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  for (int r = 0; r < n; ++r) EXPECT_EQ((*all)[static_cast<size_t>(r)], r);
 }
 
 TEST(LivenessTest, ZeroTimeoutIsInert) {
