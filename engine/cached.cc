@@ -88,6 +88,10 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
   double waiting_since = -1;  // a user thread has been waiting since (while incomplete)
   bool ready = false, shutdown = false;
   const char* why = "";
+  // A waiter that found exec_mu_ taken (RunForWaiter) raises waiter_blocked_ once; this cycle
+  // takes the flag into `blocked` (clearing it), so an op still incomplete then does not keep
+  // this thread from sleeping: it would spin on the core the training thread needs.
+  bool blocked = false;
   for (bool first = true;; first = false) {
     if (!first) {
       // Sleep until the op's missing layers have all arrived (Submit wakes this thread only
@@ -96,7 +100,10 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
       // ops meanwhile (RunForWaiter): on waking, a changed op starts a fresh cycle.
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (incoming_.empty() && !waiter_blocked_) {
+        const bool fresh = waiter_blocked_;
+        waiter_blocked_ = false;
+        blocked = blocked || fresh;
+        if (incoming_.empty() && !fresh) {
           ArmLocked();
           EngineLink::busy = false;
           exec->unlock();
@@ -140,10 +147,10 @@ bool Engine::CachedCycle(std::unique_lock<std::mutex>* exec) {
         // it here only for a waiter that could not (this thread held exec_mu_), or once it has
         // lain complete for kGraceUs: then nobody waits (callbacks, polling), and from now
         // on its completion wakes this thread at once.
-        bool blocked = false;
         {
           std::lock_guard<std::mutex> lock(mu_);
-          blocked = waiter_blocked_;
+          blocked = blocked || waiter_blocked_;
+          waiter_blocked_ = false;
         }
         if (!blocked && link_->waiters.load(std::memory_order_seq_cst) == 0) {
           double newest = 0;

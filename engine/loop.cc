@@ -201,6 +201,9 @@ bool Engine::Cycle() {
       for (int l : op.layers) in_schedule_[static_cast<size_t>(l)] = true;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    // Raised by waiters of negotiated cycles, which never read it: the cached cycle would take
+    // a stale one for a waiter blocked now.
+    waiter_blocked_ = false;
     wake_on_.assign(static_cast<size_t>(num_layers_), kWakeAlways);
     for (int l = 0; l < num_layers_; ++l) {
       if (in_schedule_[static_cast<size_t>(l)]) wake_on_[static_cast<size_t>(l)] = kWakeQuiet;
