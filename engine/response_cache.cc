@@ -107,7 +107,7 @@ uint64_t CachedOpHash(size_t index, const std::vector<Descriptor>& heads) {
     const uint64_t dh = d.Hash();
     h = Fnv1a(&dh, sizeof(dh), h);
   }
-  return h ^ (h >> 32);  // the trailer carries the low 32 bits: fold the high ones in
+  return h ^ (h >> 48);  // the trailer carries the low 48 bits: fold the high ones in
 }
 
 }  // namespace poseidon::engine

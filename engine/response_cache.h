@@ -58,8 +58,12 @@ class ScheduleRecorder {
 };
 
 // The trailer of a cached op.
-constexpr int kHashPieces = 4;  // 32 bits of the hash in 8-bit pieces
-constexpr int kTrailerFloats = 3 + 2 * kHashPieces;
+constexpr int kHashPieces = 6;  // 48 bits of the hash in 8-bit pieces
+// One 64-byte line (the last float is padding): the trailer is the first piece of the
+// shared-memory sum, so the data after it keeps the window's alignment (an 11-float trailer
+// left every vector load of the sum straddling two cache lines).
+constexpr int kTrailerFloats = 16;
+static_assert(3 + 2 * kHashPieces <= kTrailerFloats, "the trailer holds the flags and the hash");
 constexpr int kMaxCachedWorld = 256;
 
 // Into *out (resized to kTrailerFloats; its capacity is reused, so a round allocates nothing).

@@ -149,8 +149,8 @@ TEST(ResponseCache, TrailerCommitsOnlyWhenEveryRankIsReadyAndAgrees) {
     std::vector<std::vector<float>> all(static_cast<size_t>(world),
                                         Encode(true, false, false, h));
     EXPECT_TRUE(engine::DecodeTrailer(sum(all).data(), world).commit()) << world;
-    // One rank differs in one bit of any of the 32 carried bits: never committed.
-    for (int bit = 0; bit < 32; bit += 7) {
+    // One rank differs in one bit of any of the 48 carried bits: never committed.
+    for (int bit = 0; bit < 48; bit += 5) {
       auto t = all;
       t.back() = Encode(true, false, false, h ^ (1ull << bit));
       auto v = engine::DecodeTrailer(sum(t).data(), world);
