@@ -59,13 +59,16 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
   const size_t first = pieces.empty() ? 0 : pieces[0].count;  // the committed piece
   std::vector<const void*>& srcs = srcs_;
   // Sums elements [lo, hi) of a one-stage buffer whose element x is at Slot(r) + x (every
-  // rank's whole input is there) into the outputs, piece by piece.
+  // rank's whole input is there; this rank's own is read from the piece itself, as AllReduce
+  // reads `send`) into the outputs, piece by piece.
   auto sum_into_pieces = [&](uint64_t stage, size_t lo, size_t hi) {
     size_t base = 0;
     for (const SumPiece& p : pieces) {
       const size_t a = std::max(lo, base), b = std::min(hi, base + p.count);
       if (a < b) {
         for (int r = 0; r < size_; ++r) srcs[static_cast<size_t>(r)] = Slot(r, stage) + a * es;
+        srcs[static_cast<size_t>(rank_)] =
+            static_cast<const unsigned char*>(p.in) + (a - base) * es;
         ShmReduceSum(dtype, srcs.data(), size_,
                      static_cast<unsigned char*>(p.out) + (a - base) * es, b - a);
       }
