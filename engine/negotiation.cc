@@ -17,13 +17,9 @@ namespace poseidon::engine {
 uint64_t Descriptor::Hash() const {
   int64_t w[kWords];
   ToWords(w);
-  uint64_t h = Fnv1a(w, sizeof(w));
-  // splitmix64 finalizer: spreads FNV's weak high bits.
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
+  uint64_t u[kWords];
+  for (int i = 0; i < kWords; ++i) u[i] = static_cast<uint64_t>(w[i]);
+  const uint64_t h = Mix64(HashWords(u, kWords));
   return h == 0 ? 1 : h;
 }
 

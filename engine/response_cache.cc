@@ -102,11 +102,12 @@ TrailerVerdict DecodeTrailer(const float* sum, int world) {
 
 uint64_t CachedOpHash(size_t index, const std::vector<Descriptor>& heads) {
   const uint64_t i = index;
-  uint64_t h = Fnv1a(&i, sizeof(i));
+  uint64_t h = HashWords(&i, 1);
   for (const Descriptor& d : heads) {
     const uint64_t dh = d.Hash();
-    h = Fnv1a(&dh, sizeof(dh), h);
+    h = HashWords(&dh, 1, h);
   }
+  h = Mix64(h);
   return h ^ (h >> 48);  // the trailer carries the low 48 bits: fold the high ones in
 }
 
