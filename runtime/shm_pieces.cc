@@ -110,19 +110,42 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
       if (a < b) ScatterPieces(pieces, es, a, b, Slot(r, stage) + (a - start) * es);
     }
   };
+  // As AllReduce: chunk k goes into my slot without my own shard, which the reduction reads
+  // from the pieces themselves (split at their boundaries) into my slot.
+  auto copy_in = [&](size_t k, uint64_t stage) {
+    const size_t start = k * per_chunk, len = chunk_len(k);
+    const size_t off = ShardOffset(len, size_, rank_), mine = ShardCount(len, size_, rank_);
+    unsigned char* slot = Slot(rank_, stage);
+    GatherPieces(pieces, es, start, start + off, slot);
+    GatherPieces(pieces, es, start + off + mine, start + len, slot + (off + mine) * es);
+  };
+  auto reduce_mine = [&](size_t k, uint64_t stage) {
+    const size_t start = k * per_chunk, len = chunk_len(k);
+    const size_t lo = start + ShardOffset(len, size_, rank_);
+    const size_t hi = lo + ShardCount(len, size_, rank_);
+    size_t base = 0;
+    for (const SumPiece& p : pieces) {
+      const size_t a = std::max(lo, base), b = std::min(hi, base + p.count);
+      if (a < b) {
+        for (int r = 0; r < size_; ++r) {
+          srcs[static_cast<size_t>(r)] = Slot(r, stage) + (a - start) * es;
+        }
+        srcs[static_cast<size_t>(rank_)] =
+            static_cast<const unsigned char*>(p.in) + (a - base) * es;
+        ShmReduceSum(dtype, srcs.data(), size_, Slot(rank_, stage) + (a - start) * es, b - a);
+      }
+      base += p.count;
+      if (base >= hi) return;
+    }
+  };
   const uint64_t base_stage = stage_;
-  GatherPieces(pieces, es, 0, chunk_len(0), Slot(rank_, base_stage));
+  copy_in(0, base_stage);
   PSD_CHECK(Enter(args, interrupt));
   for (size_t k = 0; k < chunks; ++k) {
     const uint64_t stage = base_stage + k;
     const size_t len = chunk_len(k);
-    const size_t off = ShardOffset(len, size_, rank_), mine = ShardCount(len, size_, rank_);
-    for (int r = 0; r < size_; ++r) srcs[static_cast<size_t>(r)] = Slot(r, stage) + off * es;
-    ShmReduceSum(dtype, srcs.data(), size_, Slot(rank_, stage) + off * es, mine);
-    if (k + 1 < chunks) {
-      GatherPieces(pieces, es, (k + 1) * per_chunk, (k + 1) * per_chunk + chunk_len(k + 1),
-                   Slot(rank_, stage + 1));
-    }
+    reduce_mine(k, stage);
+    if (k + 1 < chunks) copy_in(k + 1, stage + 1);
     PSD_CHECK(Sync(call, interrupt));
     const size_t start = k * per_chunk;
     if (k == 0 && commit) {
