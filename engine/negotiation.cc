@@ -17,9 +17,8 @@ namespace poseidon::engine {
 uint64_t Descriptor::Hash() const {
   int64_t w[kWords];
   ToWords(w);
-  uint64_t u[kWords];
-  for (int i = 0; i < kWords; ++i) u[i] = static_cast<uint64_t>(w[i]);
-  const uint64_t h = Mix64(HashWords(u, kWords));
+  // (uint64_t may alias int64_t.)
+  const uint64_t h = Mix64(HashWords(reinterpret_cast<const uint64_t*>(w), kWords));
   return h == 0 ? 1 : h;
 }
 

@@ -58,19 +58,23 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
   const size_t es = DTypeSize(dtype);
   const size_t first = pieces.empty() ? 0 : pieces[0].count;  // the committed piece
   std::vector<const void*>& srcs = srcs_;
-  // Sums elements [lo, hi) of a one-stage buffer whose element x is at Slot(r) + x (every
-  // rank's whole input is there; this rank's own is read from the piece itself, as AllReduce
-  // reads `send`) into the outputs, piece by piece.
-  auto sum_into_pieces = [&](uint64_t stage, size_t lo, size_t hi) {
+  // Sums elements [lo, hi) of the pieces' concatenation from every rank's slot of `stage`,
+  // whose first element is element `slot_start` (this rank's own contribution is read from
+  // the piece itself, as AllReduce reads `send`), into the pieces' outputs or, into_slot, into
+  // this rank's slot; split at the pieces' boundaries.
+  auto reduce = [&](uint64_t stage, size_t slot_start, size_t lo, size_t hi, bool into_slot) {
     size_t base = 0;
     for (const SumPiece& p : pieces) {
       const size_t a = std::max(lo, base), b = std::min(hi, base + p.count);
       if (a < b) {
-        for (int r = 0; r < size_; ++r) srcs[static_cast<size_t>(r)] = Slot(r, stage) + a * es;
+        for (int r = 0; r < size_; ++r) {
+          srcs[static_cast<size_t>(r)] = Slot(r, stage) + (a - slot_start) * es;
+        }
         srcs[static_cast<size_t>(rank_)] =
             static_cast<const unsigned char*>(p.in) + (a - base) * es;
-        ShmReduceSum(dtype, srcs.data(), size_,
-                     static_cast<unsigned char*>(p.out) + (a - base) * es, b - a);
+        void* dst = into_slot ? static_cast<void*>(Slot(rank_, stage) + (a - slot_start) * es)
+                              : static_cast<unsigned char*>(p.out) + (a - base) * es;
+        ShmReduceSum(dtype, srcs.data(), size_, dst, b - a);
       }
       base += p.count;
       if (base >= hi) return;
@@ -80,12 +84,12 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
   if (count * es <= one_shot_bytes_) {
     GatherPieces(pieces, es, 0, count, Slot(rank_, stage_));
     PSD_CHECK(Enter(args, interrupt));
-    sum_into_pieces(stage_, 0, first);
+    reduce(stage_, 0, 0, first, false);
     if (commit && !commit(pieces[0].out)) {
       ++stage_;
       return Status::Ok();
     }
-    sum_into_pieces(stage_, first, count);
+    reduce(stage_, 0, first, count, false);
     ++stage_;
     *committed = true;
     return Status::Ok();
@@ -110,8 +114,8 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
       if (a < b) ScatterPieces(pieces, es, a, b, Slot(r, stage) + (a - start) * es);
     }
   };
-  // As AllReduce: chunk k goes into my slot without my own shard, which the reduction reads
-  // from the pieces themselves (split at their boundaries) into my slot.
+  // As AllReduce: chunk k goes into my slot without my own shard, which `reduce` reads from
+  // the pieces themselves.
   auto copy_in = [&](size_t k, uint64_t stage) {
     const size_t start = k * per_chunk, len = chunk_len(k);
     const size_t off = ShardOffset(len, size_, rank_), mine = ShardCount(len, size_, rank_);
@@ -119,32 +123,14 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
     GatherPieces(pieces, es, start, start + off, slot);
     GatherPieces(pieces, es, start + off + mine, start + len, slot + (off + mine) * es);
   };
-  auto reduce_mine = [&](size_t k, uint64_t stage) {
-    const size_t start = k * per_chunk, len = chunk_len(k);
-    const size_t lo = start + ShardOffset(len, size_, rank_);
-    const size_t hi = lo + ShardCount(len, size_, rank_);
-    size_t base = 0;
-    for (const SumPiece& p : pieces) {
-      const size_t a = std::max(lo, base), b = std::min(hi, base + p.count);
-      if (a < b) {
-        for (int r = 0; r < size_; ++r) {
-          srcs[static_cast<size_t>(r)] = Slot(r, stage) + (a - start) * es;
-        }
-        srcs[static_cast<size_t>(rank_)] =
-            static_cast<const unsigned char*>(p.in) + (a - base) * es;
-        ShmReduceSum(dtype, srcs.data(), size_, Slot(rank_, stage) + (a - start) * es, b - a);
-      }
-      base += p.count;
-      if (base >= hi) return;
-    }
-  };
   const uint64_t base_stage = stage_;
   copy_in(0, base_stage);
   PSD_CHECK(Enter(args, interrupt));
   for (size_t k = 0; k < chunks; ++k) {
     const uint64_t stage = base_stage + k;
     const size_t len = chunk_len(k);
-    reduce_mine(k, stage);
+    const size_t mine_lo = k * per_chunk + ShardOffset(len, size_, rank_);
+    reduce(stage, k * per_chunk, mine_lo, mine_lo + ShardCount(len, size_, rank_), true);
     if (k + 1 < chunks) copy_in(k + 1, stage + 1);
     PSD_CHECK(Sync(call, interrupt));
     const size_t start = k * per_chunk;
