@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "runtime/arg_check.h"
+#include "runtime/hier_allreduce.h"
 #include "runtime/mpi_internal.h"
 #include "runtime/settings.h"
 #include "runtime/shm_collectives.h"
@@ -98,8 +99,47 @@ const MpiBackend::Knobs& MpiBackend::knobs() {
     knobs_.shm_chunk = settings::ShmChunkBytes();
     knobs_.shm_timeout_s = settings::ShmTimeoutS();
     knobs_.check_args = settings::CheckArgs();
+    knobs_.hier_bytes = settings::HierAllReduceBytes();
   }
   return knobs_;
+}
+
+Result<HierAllReduce*> MpiBackend::Hierarchy(size_t bytes, DType dtype, const MpiWait& how) {
+  const long long from = hier_bytes_override_ >= 0 ? hier_bytes_override_ : knobs().hier_bytes;
+  if (from <= 0 || bytes < static_cast<size_t>(from) || !HierAllReduce::Takes(dtype)) {
+    return static_cast<HierAllReduce*>(nullptr);
+  }
+  if (hier_) return hier_.get();
+  // Only across nodes (learned collectively by Node(), which every call runs first).
+  if (!shm_multi_node_ || hier_unavailable_) return static_cast<HierAllReduce*>(nullptr);
+  if (how.interrupt != nullptr) {
+    // The creation's MPI calls only block: meet every rank under the interrupt first.
+    PSD_CHECK(RunMpi(how, "MPI_Barrier", nullptr, [&](MPI_Request* r) {
+      return r ? MPI_Ibarrier(comm_, r) : MPI_Barrier(comm_);
+    }));
+  }
+  const Knobs& k = knobs();
+  const size_t chunk = k.shm_chunk < 0 ? 0 : static_cast<size_t>(k.shm_chunk);
+  auto created = HierAllReduce::Create(comm_, chunk, k.shm_timeout_s);
+  if (!created.ok() && created.status().code() == StatusCode::kUnavailable) {
+    hier_unavailable_ = true;
+    return static_cast<HierAllReduce*>(nullptr);
+  }
+  PSD_CHECK(created.status());
+  hier_ = std::move(created).value();
+  return hier_.get();
+}
+
+Result<bool> MpiBackend::HasHierarchy() {
+  const MpiWait how{nullptr, "MpiBackend::HasHierarchy", sticky_.get()};
+  PSD_CHECK(sticky_->Check(how.call));
+  PSD_CHECK(Node(how).status());
+  const long long saved = hier_bytes_override_;
+  hier_bytes_override_ = 1;  // any size and a full-width dtype: only the nodes decide
+  Result<HierAllReduce*> h = Hierarchy(SIZE_MAX, DType::kFloat32, how);
+  hier_bytes_override_ = saved;
+  PSD_CHECK(h.status());
+  return *h != nullptr;
 }
 
 template <typename Run>
@@ -269,6 +309,16 @@ Status MpiBackend::DoAllReduce(const void* send, void* recv, size_t count, DType
         return w.AllReduce(send, recv, count, dtype, opts.interrupt, &args);
       })) {
     return *done;
+  }
+  PSD_ASSIGN_OR_RETURN(HierAllReduce* hier, Hierarchy(bytes, dtype, how));
+  if (hier != nullptr) {
+    Status s = hier->AllReduce(send, recv, count, dtype, how);
+    if (!s.ok() && hier->broken()) {
+      // Peers are left mid-call: nothing on this communicator can be trusted any more.
+      s = s.WithPrefix("MpiBackend::");
+      sticky_->Record(s);
+    }
+    return s;
   }
   return AllReduceUnchecked(send, recv, count, dtype, how);
 }

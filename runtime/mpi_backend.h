@@ -27,6 +27,7 @@
 
 namespace poseidon {
 
+class HierAllReduce;
 class ShmCollectives;
 
 class MpiBackend : public CheckedBackend {
@@ -48,6 +49,13 @@ class MpiBackend : public CheckedBackend {
                          bool* committed) override;
 
   MPI_Comm comm() const { return comm_; }
+  // The smallest allreduce, in bytes, that takes the two-level path across nodes (0: never),
+  // instead of POSEIDON_HIER_ALLREDUCE_BYTES; -1 goes back to the setting. Every rank must set
+  // the same value at the same point between calls (the planner does, from its cost model).
+  void SetHierAllReduceBytes(long long bytes) { hier_bytes_override_ = bytes; }
+  // Whether this communicator spans nodes with the same number (> 1) of ranks on each: the
+  // two-level allreduce can run. Collective at its first call (it may build the window).
+  Result<bool> HasHierarchy();
   // True once a call gave up while its collective still ran: every later call fails at once.
   bool broken() const { return sticky_->failed(); }
 
@@ -98,6 +106,12 @@ class MpiBackend : public CheckedBackend {
   // Communicator creation. Under how.interrupt, a barrier polled under it runs first, so that
   // the window's blocking creation starts only once every rank has arrived.
   Result<ShmCollectives*> Node(const MpiWait& how);
+  // The two-level allreduce (runtime/hier_allreduce.h) for an agreed call of `bytes` in dtype,
+  // or nullptr for the flat one: when the communicator spans nodes (Node() said so), the
+  // threshold (POSEIDON_HIER_ALLREDUCE_BYTES, or SetHierAllReduceBytes) is > 0 and <= bytes,
+  // HierAllReduce::Takes(dtype), and the nodes allow it. Built at the first such call
+  // (collectively; under how.interrupt after a polled barrier, as Node()); kept.
+  Result<HierAllReduce*> Hierarchy(size_t bytes, DType dtype, const MpiWait& how);
   // Whether a call moving `bytes` (the full buffer) moves them through the window.
   bool ShmCarries(size_t bytes) {
     return bytes >= static_cast<size_t>(knobs().shm_threshold);
@@ -120,6 +134,7 @@ class MpiBackend : public CheckedBackend {
     long long shm_chunk = 0;
     double shm_timeout_s = 0;
     bool check_args = true;
+    long long hier_bytes = 0;
   };
   const Knobs& knobs();
 
@@ -131,6 +146,9 @@ class MpiBackend : public CheckedBackend {
   int size_ = 1;
   std::unique_ptr<ShmCollectives> shm_;
   bool shm_multi_node_ = false;  // learned collectively at the first large call
+  std::unique_ptr<HierAllReduce> hier_;
+  bool hier_unavailable_ = false;  // learned collectively at the first call that could use it
+  long long hier_bytes_override_ = -1;  // SetHierAllReduceBytes; -1: the setting
   // The first abandoned call; shared with the requests this backend hands out.
   std::shared_ptr<StickyError> sticky_ = std::make_shared<StickyError>();
 };

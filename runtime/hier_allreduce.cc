@@ -1,0 +1,98 @@
+#include "runtime/hier_allreduce.h"
+
+#include <utility>
+
+#include "runtime/mpi_backend.h"
+#include "runtime/shard.h"
+#include "runtime/shm_collectives.h"
+
+namespace poseidon {
+namespace {
+
+bool MpiFinalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HierAllReduce>> HierAllReduce::Create(MPI_Comm comm, size_t chunk_bytes,
+                                                             double timeout_s, int node) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  std::unique_ptr<HierAllReduce> h(new HierAllReduce());
+  int rc = node >= 0
+               ? MPI_Comm_split(comm, node, rank, &h->node_)
+               : MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &h->node_);
+  if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: splitting the nodes", rc);
+  MPI_Comm_rank(h->node_, &h->local_rank_);
+  MPI_Comm_size(h->node_, &h->local_size_);
+  // The smallest and the largest node, in one allreduce.
+  int bounds[2] = {h->local_size_, -h->local_size_};
+  rc = MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_INT, MPI_MIN, comm);
+  if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: MPI_Allreduce(node sizes)", rc);
+  const int smallest = bounds[0], largest = -bounds[1];
+  // Every rank sees the same bounds and size, so all return the same way.
+  if (largest == size) {
+    return UnavailableError("HierAllReduce: every rank shares one node");
+  }
+  if (smallest != largest) {
+    return UnavailableError("HierAllReduce: nodes hold between ", smallest, " and ", largest,
+                            " ranks; two levels need the same number on every node");
+  }
+  if (largest == 1) return UnavailableError("HierAllReduce: one rank per node");
+  h->nodes_ = size / largest;
+  rc = MPI_Comm_split(comm, h->local_rank_, rank, &h->cross_);
+  if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: MPI_Comm_split", rc);
+  PSD_ASSIGN_OR_RETURN(h->shm_, ShmCollectives::Create(h->node_, chunk_bytes, timeout_s));
+  return h;
+}
+
+HierAllReduce::~HierAllReduce() {
+  if (MpiFinalized()) return;
+  shm_.reset();
+  if (cross_ != MPI_COMM_NULL) MPI_Comm_free(&cross_);
+  if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+}
+
+bool HierAllReduce::broken() const { return cross_failed_ || (shm_ && shm_->broken()); }
+
+Status HierAllReduce::AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                                const MpiWait& how) {
+  if (count == 0) return Status::Ok();
+  const size_t es = DTypeSize(dtype);
+  const std::vector<size_t> counts = ShardCounts(count, local_size_);
+  const size_t mine = counts[static_cast<size_t>(local_rank_)];
+  unsigned char* out =
+      static_cast<unsigned char*>(recv) + ShardOffset(count, local_size_, local_rank_) * es;
+  if (shard_.use_count() > 1) {
+    // A request abandoned earlier still holds the old buffer: never reuse it.
+    shard_ = std::make_shared<std::vector<unsigned char>>();
+  }
+  if (shard_->size() < mine * es) shard_->resize(mine * es);
+  unsigned char* shard = shard_->data();
+
+  Status s = shm_->ReduceScatter(send, shard, counts, dtype, how.interrupt);
+  if (!s.ok()) return s.WithPrefix("HierAllReduce (within the node): ");
+  if (mine > 0) {
+    const MPI_Datatype type = ToMpiType(dtype);
+    const int n = static_cast<int>(mine);
+    s = RunMpi(how, "MPI_Allreduce (across nodes)", shard_, [&](MPI_Request* r) {
+      return r ? MPI_Iallreduce(shard, out, n, type, MPI_SUM, cross_, r)
+               : MPI_Allreduce(shard, out, n, type, MPI_SUM, cross_);
+    });
+    if (!s.ok()) {
+      // The node peers wait in step 3 for a shard that never comes; a request given up on may
+      // still write `out`.
+      cross_failed_ = true;
+      return s;
+    }
+  }
+  s = shm_->AllGatherV(out, recv, counts, dtype, how.interrupt);
+  if (!s.ok()) return s.WithPrefix("HierAllReduce (within the node): ");
+  return Status::Ok();
+}
+
+}  // namespace poseidon
