@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "runtime/log.h"
+#include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
 #include "runtime/shard.h"
 
@@ -55,9 +56,33 @@ double CostModel::WireBytes(CollectiveKind kind, int world, double payload_bytes
   return (kind == CollectiveKind::kAllReduce ? 2 * frac : frac) * payload_bytes;
 }
 
+namespace {
+double LinkTime(const LinkCost& l, CollectiveKind kind, int world, double payload_bytes) {
+  return CostModel::Steps(kind, world) * l.alpha_s +
+         CostModel::WireBytes(kind, world, payload_bytes) * l.beta_s_per_b;
+}
+}  // namespace
+
 double CostModel::CollectiveTime(CollectiveKind kind, int world, double payload_bytes) const {
-  const LinkCost& l = link[static_cast<int>(kind)];
-  return Steps(kind, world) * l.alpha_s + WireBytes(kind, world, payload_bytes) * l.beta_s_per_b;
+  const double flat = LinkTime(link[static_cast<int>(kind)], kind, world, payload_bytes);
+  if (kind != CollectiveKind::kAllReduce || !has_hier()) return flat;
+  return std::min(flat, LinkTime(hier_allreduce, kind, world, payload_bytes));
+}
+
+long long CostModel::HierAllReduceFromBytes(int world) const {
+  if (!has_hier() || world <= 1) return 0;
+  const LinkCost& f = link[static_cast<int>(CollectiveKind::kAllReduce)];
+  const LinkCost& h = hier_allreduce;
+  const double steps = Steps(CollectiveKind::kAllReduce, world);
+  const double wire_per_byte = WireBytes(CollectiveKind::kAllReduce, world, 1.0);
+  // flat(S) - hier(S) = steps (af - ah) + wire(S) (bf - bh): linear in S.
+  const double at_zero = steps * (f.alpha_s - h.alpha_s);
+  const double slope = wire_per_byte * (f.beta_s_per_b - h.beta_s_per_b);
+  if (at_zero >= 0 && slope >= 0) return 1;  // no slower anywhere
+  if (slope <= 0) return 0;                  // slower at large sizes, and not faster at small
+  const double from = std::ceil(-at_zero / slope);
+  if (from > 9e18) return 0;
+  return std::max(1LL, static_cast<long long>(from));
 }
 
 CostModel CostModel::Network(double latency_s, double bandwidth_bytes_per_s) {
@@ -88,6 +113,13 @@ Status CostModel::Validate() const {
                     "CostModel: ", name, " beta ", link[i].beta_s_per_b,
                     " s/B is invalid; expected a finite value >= 0");
   }
+  if (has_hier()) {
+    PSD_REQUIRE_ARG(std::isfinite(hier_allreduce.alpha_s), "CostModel: hier_allreduce alpha ",
+                    hier_allreduce.alpha_s, " s is invalid; expected a finite value");
+    PSD_REQUIRE_ARG(std::isfinite(hier_allreduce.beta_s_per_b) && hier_allreduce.beta_s_per_b >= 0,
+                    "CostModel: hier_allreduce beta ", hier_allreduce.beta_s_per_b,
+                    " s/B is invalid; expected a finite value >= 0");
+  }
   const std::pair<const char*, double> rates[] = {{"gemm_flops", gemm_flops},
                                                   {"topk_bytes_per_s", topk_bytes_per_s},
                                                   {"scatter_bytes_per_s", scatter_bytes_per_s},
@@ -111,7 +143,9 @@ std::string Num(double v) {
 }
 
 // The figures as a flat array, in a fixed order (broadcast and text form share it).
-constexpr int kNumFigures = 2 * kNumCollectiveKinds + 4;
+// The last two (hier_allreduce) may be missing from a file.
+constexpr int kNumFigures = 2 * kNumCollectiveKinds + 4 + 2;
+constexpr int kNumOptionalFigures = 2;
 std::vector<std::string> FigureNames() {
   std::vector<std::string> names;
   for (int i = 0; i < kNumCollectiveKinds; ++i) {
@@ -120,7 +154,8 @@ std::vector<std::string> FigureNames() {
     names.push_back(c + ".beta_s_per_b");
   }
   names.insert(names.end(),
-               {"gemm_flops", "topk_bytes_per_s", "scatter_bytes_per_s", "optimizer_bytes_per_s"});
+               {"gemm_flops", "topk_bytes_per_s", "scatter_bytes_per_s", "optimizer_bytes_per_s",
+                "hier_allreduce.alpha_s", "hier_allreduce.beta_s_per_b"});
   return names;
 }
 std::vector<double> ToFigures(const CostModel& m) {
@@ -130,7 +165,8 @@ std::vector<double> ToFigures(const CostModel& m) {
     f.push_back(l.beta_s_per_b);
   }
   f.insert(f.end(),
-           {m.gemm_flops, m.topk_bytes_per_s, m.scatter_bytes_per_s, m.optimizer_bytes_per_s});
+           {m.gemm_flops, m.topk_bytes_per_s, m.scatter_bytes_per_s, m.optimizer_bytes_per_s,
+            m.hier_allreduce.alpha_s, m.hier_allreduce.beta_s_per_b});
   return f;
 }
 CostModel FromFigures(const std::vector<double>& f) {
@@ -143,6 +179,7 @@ CostModel FromFigures(const std::vector<double>& f) {
   m.topk_bytes_per_s = f[7];
   m.scatter_bytes_per_s = f[8];
   m.optimizer_bytes_per_s = f[9];
+  m.hier_allreduce = {f[10], f[11]};
   return m;
 }
 
@@ -175,7 +212,7 @@ Result<CostModel> CostModel::Parse(const std::string& text, std::string* host_ke
                   "'; expected '", kHeader, "'");
   ++line_no;
   std::vector<std::string> names = FigureNames();
-  std::vector<double> f(kNumFigures, 0);
+  std::vector<double> f = ToFigures(CostModel{});  // the optional ones keep their defaults
   std::vector<bool> seen(kNumFigures, false);
   std::string key;
   while (std::getline(is, line)) {
@@ -201,9 +238,12 @@ Result<CostModel> CostModel::Parse(const std::string& text, std::string* host_ke
     f[idx] = v;
     seen[idx] = true;
   }
-  for (int i = 0; i < kNumFigures; ++i) {
+  for (int i = 0; i < kNumFigures - kNumOptionalFigures; ++i) {
     PSD_REQUIRE_ARG(seen[i], "CostModel::Parse: figure '", names[i], "' is missing");
   }
+  PSD_REQUIRE_ARG(seen[kNumFigures - 2] == seen[kNumFigures - 1], "CostModel::Parse: only one of '",
+                  names[kNumFigures - 2], "' and '", names[kNumFigures - 1],
+                  "' is given; expected both or neither");
   CostModel m = FromFigures(f);
   PSD_CHECK(m.Validate());
   if (host_key != nullptr) *host_key = key;
@@ -216,6 +256,11 @@ std::string CostModel::Summary() const {
   for (int i = 0; i < kNumCollectiveKinds; ++i) {
     os << CollectiveKindName(static_cast<CollectiveKind>(i)) << " " << link[i].alpha_s * 1e6
        << "us/step " << (link[i].beta_s_per_b > 0 ? 1e-9 / link[i].beta_s_per_b : 0.0) << "GB/s; ";
+  }
+  if (has_hier()) {
+    os << "two-level allreduce " << hier_allreduce.alpha_s * 1e6 << "us/step "
+       << (hier_allreduce.beta_s_per_b > 0 ? 1e-9 / hier_allreduce.beta_s_per_b : 0.0)
+       << "GB/s; ";
   }
   os << "gemm " << gemm_flops * 1e-9 << " GF/s; topk " << topk_bytes_per_s * 1e-9
      << " GB/s; scatter " << scatter_bytes_per_s * 1e-9 << " GB/s; optimizer "
@@ -265,8 +310,25 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels, const Pr
   std::vector<float> send(opt.large_bytes / 4 + world, 1.0f);
   std::vector<float> recv(opt.large_bytes / 4 + world, 0.0f);
 
-  for (int c = 0; c < kNumCollectiveKinds; ++c) {
-    CollectiveKind kind = static_cast<CollectiveKind>(c);
+  // Across nodes with equal nodes: the allreduce flat and in two levels (the backend's
+  // threshold forced each way while timing, its own setting back afterwards).
+  auto* mpi = dynamic_cast<MpiBackend*>(&be);
+  bool two_level = false;
+  if (mpi != nullptr) {
+    PSD_ASSIGN_OR_RETURN(two_level, mpi->HasHierarchy());
+  }
+  struct RestoreThreshold {
+    MpiBackend* mpi;
+    ~RestoreThreshold() {
+      if (mpi != nullptr) mpi->SetHierAllReduceBytes(-1);
+    }
+  } restore{two_level ? mpi : nullptr};
+
+  for (int c = 0; c < kNumCollectiveKinds + (two_level ? 1 : 0); ++c) {
+    // c == kNumCollectiveKinds: the two-level allreduce.
+    const bool hier = c == kNumCollectiveKinds;
+    CollectiveKind kind = hier ? CollectiveKind::kAllReduce : static_cast<CollectiveKind>(c);
+    if (two_level && kind == CollectiveKind::kAllReduce) mpi->SetHierAllReduceBytes(hier ? 1 : 0);
     double t[2], wire[2];
     for (int s = 0; s < 2; ++s) {
       size_t count = (s == 0 ? opt.small_bytes : opt.large_bytes) / 4;
@@ -288,7 +350,8 @@ Result<CostModel> MeasureCostModel(Backend& be, const Kernels& kernels, const Pr
       wire[s] = CostModel::WireBytes(kind, world, payload);
     }
     double steps = CostModel::Steps(kind, world);
-    LinkCost& l = m.link[c];
+    LinkCost& l = hier ? m.hier_allreduce : m.link[c];
+    l = LinkCost{};
     if (steps > 0) {
       l.beta_s_per_b = std::max(0.0, (t[1] - t[0]) / (wire[1] - wire[0]));
       l.alpha_s = std::max(0.0, (t[0] - wire[0] * l.beta_s_per_b) / steps);

@@ -20,6 +20,12 @@
 // share cores see contended rates). Rank 0's figures are broadcast so every rank plans from
 // the same numbers (plans must agree). Cached in a text file keyed by
 // Communicator::host_key(); POSEIDON_REPROBE re-measures.
+//
+// Across nodes with several ranks on each, the host allreduce can also run in two levels
+// (runtime/hier_allreduce.h). The probe then times the allreduce both ways, flat and two-level,
+// and fits each (hier_allreduce below, with the same steps and wire bytes over all P ranks):
+// CollectiveTime(kAllReduce) is the cheaper of the two, and HierAllReduceFromBytes the payload
+// from which the two-level form wins, which BuildPlan hands to the backend.
 #pragma once
 
 #include <string>
@@ -42,6 +48,9 @@ struct LinkCost {
 
 struct CostModel {
   LinkCost link[kNumCollectiveKinds];
+  // The two-level allreduce across nodes, fitted like link[kAllReduce]; alpha_s < 0: not
+  // measured (one node, one rank per node, uneven nodes, or a model from elsewhere).
+  LinkCost hier_allreduce{-1, 0};
   double gemm_flops = 1e10;            // flop/s of SufficientFactorGemm
   double topk_bytes_per_s = 1e9;       // gradient bytes scanned per second by FusedResidualTopK
   double scatter_bytes_per_s = 1e9;    // (index, value) pair bytes per second of ScatterAdd
@@ -51,8 +60,14 @@ struct CostModel {
   // Steps and wire bytes of one collective (see the table above).
   static double Steps(CollectiveKind kind, int world);
   static double WireBytes(CollectiveKind kind, int world, double payload_bytes);
-  // Predicted seconds of one collective of `payload_bytes` over `world` ranks.
+  // Predicted seconds of one collective of `payload_bytes` over `world` ranks (an allreduce:
+  // the cheaper of flat and two-level when both were measured).
   double CollectiveTime(CollectiveKind kind, int world, double payload_bytes) const;
+  bool has_hier() const { return hier_allreduce.alpha_s >= 0; }
+  // The smallest payload in bytes at which the two-level allreduce is predicted no slower
+  // than the flat one over `world` ranks: 0 when it never is (or was not measured), 1 when it
+  // always is.
+  long long HierAllReduceFromBytes(int world) const;
   double GemmTime(double flops) const { return flops / gemm_flops; }
   double TopkTime(double bytes) const { return bytes / topk_bytes_per_s; }
   double ScatterTime(double bytes) const { return bytes / scatter_bytes_per_s; }
@@ -68,7 +83,8 @@ struct CostModel {
   Status Validate() const;
 
   // Text form, one "key value" per line after a header line; Parse accepts what ToText writes
-  // and names the line of any error.
+  // and names the line of any error. The two hier_allreduce figures may be missing (files
+  // written before they existed): the model then has no two-level figures.
   std::string ToText(const std::string& host_key) const;
   static Result<CostModel> Parse(const std::string& text, std::string* host_key);
   // One line for logs: "allreduce 3.1us+0.41ns/B ... gemm 12.3 GF/s ...".

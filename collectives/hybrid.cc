@@ -5,11 +5,12 @@
 //  Exchange: the layer's planned strategy runs with its LayerState (made on first use, kept
 //  while the strategy stays the same), then the traffic counters are updated.
 #include "collectives/hybrid.h"
-#include "runtime/hash.h"
 
 #include <cstring>
 
+#include "runtime/hash.h"
 #include "runtime/log.h"
+#include "runtime/mpi_backend.h"
 
 namespace poseidon {
 
@@ -87,6 +88,17 @@ Status HybridCollective::BuildPlan(size_t batch, const CostModel& model,
   }
   model_ = model;
   plan_ = std::move(plan);
+  if (model.has_hier()) {
+    // The measured crossover between the flat and the two-level host allreduce (every rank
+    // holds rank 0's figures, so all set the same value).
+    if (auto* mpi = dynamic_cast<MpiBackend*>(&comm_->host_backend())) {
+      const long long from = model.HierAllReduceFromBytes(world());
+      mpi->SetHierAllReduceBytes(from);
+      PSD_LOG(kInfo, "host allreduce across nodes: two-level ",
+              from > 0 ? StrCat("from ", from, " bytes") : std::string("never"),
+              " (measured crossover; ", model.Summary(), ")");
+    }
+  }
   PSD_LOG(kInfo, "plan for ", num_layers(), " layers at P=", world(), " K=", batch, ":\n",
           plan_->ToString());
   return Status::Ok();

@@ -28,6 +28,12 @@
 # Communicator: a cut during the trainer's set-up (the cost-model probe) is detected too; one
 # inside MPI_Init is not. The result is printed; nothing goes to bench/RESULTS.md.
 #
+# Collective benchmark (--osu "PROGRAM ARGS"): instead of the trainer, bench/osu's PROGRAM (e.g.
+# "osu_allreduce -m 1M:64M") at each P, with --ranks-per-host R ranks on every host (R > 1: Open
+# MPI's shared-memory transport vader between them, Poseidon's window within the host), placed
+# --map slot (consecutive ranks on one host) or --map node (ranks dealt round-robin over hosts).
+# Its table goes to the output only.
+#
 # Compute is emulated with sleeps (see poseidon_model_trainer); --compute-scale makes the
 # compute : communication ratio of a modelled cluster on these links: modelling 10 Gbit/s with
 # 1 Gbit/s links needs compute-scale 10 (the default: Titan X GPUs on a 10 Gbit/s network).
@@ -35,6 +41,7 @@
 #   bench/cluster/emulate.sh                       # P = 1 2 4 8, VGG19 shrunk 32x, 1 Gbit/s
 #   bench/cluster/emulate.sh --hosts "1 2 4" --rate 500mbit --model resnet152 --scale 0.25
 #   bench/cluster/emulate.sh --hosts "4" --cut-host 2 --cut-after 3   # the fault drill
+#   bench/cluster/emulate.sh --hosts 4 --ranks-per-host 2 --osu "osu_allreduce -m 1M:64M"
 #   bench/cluster/emulate.sh --teardown-only
 set -euo pipefail
 
@@ -66,6 +73,9 @@ TIMEOUT_GIVEN=0
 CUT_PEER_TIMEOUT_S=5
 CUT_SLACK_S=8
 CUT_ITERS=100  # the cut run's default: training must outlast the cut and the bound
+OSU=""
+RANKS_PER_HOST=1
+MAP=slot
 
 usage() {
   cat <<EOF
@@ -74,11 +84,14 @@ usage: $0 [--hosts "1 2 4 8"] [--rate 1gbit] [--model vgg19] [--scale 0.03125]
           [--modes dense,dense-overlap,hybrid-overlap] [--trainer PATH] [--timeout 240]
           [--results FILE | --no-results] [--teardown-only]
           [--cut-host I --cut-after S]
+          [--osu "PROGRAM ARGS" [--ranks-per-host R] [--map slot|node]]
 Needs root (network namespaces). P=1 is the baseline of the scaling efficiency.
 --cut-host I --cut-after S: fault drill, no sweep: hybrid-overlap alone at the largest P
 (--iters default $CUT_ITERS), host nI's link taken down S s after the launch; checks that the job
 ends within POSEIDON_PEER_TIMEOUT_S ($CUT_PEER_TIMEOUT_S) + grace + $CUT_SLACK_S s and names rank I.
 Writes no results.
+--osu "PROGRAM ARGS": bench/osu's PROGRAM instead of the trainer at each P, R ranks per host,
+placed by slot (consecutive) or node (round-robin). Writes no results.
 EOF
 }
 
@@ -102,6 +115,9 @@ while [[ $# -gt 0 ]]; do
     --teardown-only) TEARDOWN_ONLY=1; shift ;;
     --cut-host) CUT_HOST="$2"; shift 2 ;;
     --cut-after) CUT_AFTER="$2"; shift 2 ;;
+    --osu) OSU="$2"; shift 2 ;;
+    --ranks-per-host) RANKS_PER_HOST="$2"; shift 2 ;;
+    --map) MAP="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
   esac
@@ -147,6 +163,19 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 LINK_GBIT="$(rate_gbit "$RATE")" || die "--rate '$RATE' is not <number>gbit or <number>mbit"
+[[ "$RANKS_PER_HOST" =~ ^[1-9][0-9]*$ ]] ||
+  die "--ranks-per-host '$RANKS_PER_HOST': expected a count >= 1"
+[[ "$MAP" == slot || "$MAP" == node ]] || die "--map '$MAP': expected slot or node"
+if [[ -n "$OSU" ]]; then
+  [[ -z "$CUT_HOST" ]] || die "--osu and --cut-host do not go together"
+  OSU_BIN="$(dirname "$TRAINER")/osu/${OSU%% *}"
+  OSU_ARGS=""
+  [[ "$OSU" != *" "* ]] || OSU_ARGS="${OSU#* }"
+  [[ -x "$OSU_BIN" ]] || die "--osu: '$OSU_BIN' not found (scripts/build.sh)"
+  WRITE_RESULTS=0
+elif [[ $RANKS_PER_HOST -ne 1 || $MAP != slot ]]; then
+  die "--ranks-per-host and --map go with --osu (the trainer runs one rank per host)"
+fi
 [[ -x "$TRAINER" ]] || die "trainer '$TRAINER' not found: scripts/build.sh (or pass --trainer)"
 NMAX=0
 for p in $HOSTS; do
@@ -332,6 +361,15 @@ for p in $HOSTS; do
     $TRAINER --model $MODEL --scale $SCALE
     --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS --warmup $WARMUP --modes $MODES
     --link-gbit $LINK_GBIT --network emulated-hosts-$RATE"
+  if [[ -n "$OSU" ]]; then
+    hostlist="n0:$RANKS_PER_HOST"
+    for ((i = 1; i < p; i++)); do hostlist="$hostlist,n$i:$RANKS_PER_HOST"; done
+    btl="--mca btl tcp,self"
+    ((RANKS_PER_HOST > 1)) && btl="--mca btl tcp,self,vader"
+    cmd="timeout -k 10 $TIMEOUT_S mpirun -np $((p * RANKS_PER_HOST)) --host $hostlist
+      --map-by $MAP $(echo $MPIRUN_FLAGS | sed "s/--mca btl tcp,self/$btl/") $fwd
+      $OSU_BIN $OSU_ARGS"
+  fi
   echo "=== P=$p: $(echo $cmd)" | tee -a "$LOG"
   if [[ -n "$CUT_HOST" ]]; then
     if cut_run "$p" "$cmd"; then exit 0; else exit 1; fi
@@ -344,7 +382,9 @@ for p in $HOSTS; do
   echo "=== P=$p took $(( $(date +%s) - start )) s" | tee -a "$LOG"
 done
 
-if [[ $WRITE_RESULTS -eq 1 ]]; then
+if [[ -n "$OSU" ]]; then
+  exit 0
+elif [[ $WRITE_RESULTS -eq 1 ]]; then
   python3 "$HERE/report.py" --log "$LOG" --results "$RESULTS" --rate "$RATE" \
     --command "bench/cluster/emulate.sh --hosts \"$HOSTS\" --rate $RATE --model $MODEL --scale $SCALE --compute-scale $COMPUTE_SCALE --gpu $GPU --iters $ITERS"
 else

@@ -404,5 +404,55 @@ TEST(CostModelText, RoundTripIsExactAndErrorsNameTheLine) {
   EXPECT_FALSE(neg.Validate().ok());
 }
 
+// The two-level allreduce's figures: optional in the text, the cheaper allreduce predicted, and
+// the crossover where flat(S) = hier(S), by hand.
+TEST(CostModelHier, CrossoverAndTextForm) {
+  CostModel m = FixedModel();
+  EXPECT_FALSE(m.has_hier());
+  EXPECT_EQ(m.HierAllReduceFromBytes(8), 0);
+  const int p = 8;
+  const LinkCost flat = m.link[0];
+  // Twice the latency, half the time per byte: flat = 14 a + 1.75 S b; hier = 28 a + 0.875 S b.
+  m.hier_allreduce = {2 * flat.alpha_s, flat.beta_s_per_b / 2};
+  ASSERT_TRUE(m.has_hier());
+  const double from = 14 * flat.alpha_s / (0.875 * flat.beta_s_per_b);
+  EXPECT_EQ(m.HierAllReduceFromBytes(p), static_cast<long long>(std::ceil(from)));
+  const double s_small = from / 4, s_large = from * 4;
+  EXPECT_DOUBLE_EQ(m.CollectiveTime(CollectiveKind::kAllReduce, p, s_small),
+                   14 * flat.alpha_s + 1.75 * s_small * flat.beta_s_per_b);
+  EXPECT_DOUBLE_EQ(m.CollectiveTime(CollectiveKind::kAllReduce, p, s_large),
+                   28 * flat.alpha_s + 0.875 * s_large * flat.beta_s_per_b);
+  // Other collectives never take the two-level figures.
+  EXPECT_DOUBLE_EQ(m.CollectiveTime(CollectiveKind::kAllGather, p, s_large),
+                   7 * m.link[2].alpha_s + 0.875 * s_large * m.link[2].beta_s_per_b);
+  // Never slower: from 1 byte; slower per byte: never.
+  CostModel always = m;
+  always.hier_allreduce = {flat.alpha_s, flat.beta_s_per_b / 2};
+  EXPECT_EQ(always.HierAllReduceFromBytes(p), 1);
+  CostModel never = m;
+  never.hier_allreduce = {flat.alpha_s / 2, flat.beta_s_per_b * 2};
+  EXPECT_EQ(never.HierAllReduceFromBytes(p), 0);
+  EXPECT_EQ(m.HierAllReduceFromBytes(1), 0);
+
+  auto back = CostModel::Parse(m.ToText("k"), nullptr);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->hier_allreduce.alpha_s, m.hier_allreduce.alpha_s);
+  EXPECT_EQ(back->hier_allreduce.beta_s_per_b, m.hier_allreduce.beta_s_per_b);
+  // A file without them (written before they existed) parses, with no two-level figures.
+  std::string text = m.ToText("k");
+  std::string without = text.substr(0, text.find("hier_allreduce.alpha_s"));
+  auto old = CostModel::Parse(without, nullptr);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_FALSE(old->has_hier());
+  // One of the two alone is refused, naming both.
+  std::string half = text.substr(0, text.find("hier_allreduce.beta_s_per_b"));
+  auto r = CostModel::Parse(half, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("hier_allreduce.beta_s_per_b"), std::string::npos);
+  CostModel nan = m;
+  nan.hier_allreduce.beta_s_per_b = std::nan("");
+  EXPECT_FALSE(nan.Validate().ok());
+}
+
 }  // namespace
 }  // namespace poseidon
