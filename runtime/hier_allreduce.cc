@@ -79,9 +79,17 @@ Status HierAllReduce::AllReduce(const void* send, void* recv, size_t count, DTyp
   if (mine > 0) {
     const MPI_Datatype type = ToMpiType(dtype);
     const int n = static_cast<int>(mine);
+    // From 4 nodes on, the non-blocking form even for a blocking call: Open MPI 4.1 runs it as
+    // a ring there (libnbc), where its blocking allreduce takes recursive halving
+    // (Rabenseifner), 1.2x slower at 16-64 MiB with two ranks per node on the emulated cluster
+    // (bench/RESULTS.md, "Two-level allreduce"). Below 4, libnbc takes reduce + broadcast.
+    const bool ring = nodes_ >= 4;
     s = RunMpi(how, "MPI_Allreduce (across nodes)", shard_, [&](MPI_Request* r) {
-      return r ? MPI_Iallreduce(shard, out, n, type, MPI_SUM, cross_, r)
-               : MPI_Allreduce(shard, out, n, type, MPI_SUM, cross_);
+      if (r != nullptr) return MPI_Iallreduce(shard, out, n, type, MPI_SUM, cross_, r);
+      if (!ring) return MPI_Allreduce(shard, out, n, type, MPI_SUM, cross_);
+      MPI_Request own = MPI_REQUEST_NULL;
+      int rc = MPI_Iallreduce(shard, out, n, type, MPI_SUM, cross_, &own);
+      return rc == MPI_SUCCESS ? MPI_Wait(&own, MPI_STATUS_IGNORE) : rc;
     });
     if (!s.ok()) {
       // The node peers wait in step 3 for a shard that never comes; a request given up on may
