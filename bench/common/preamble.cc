@@ -94,6 +94,10 @@ void Preamble::SetRun(const Communicator& comm, const Backend& b, MemoryKind kin
   settings =
       StrCat("shm threshold ", settings::ShmThresholdBytes(), " B, shm chunk ",
              settings::ShmChunkBytes(), " B, check args ", settings::CheckArgs() ? "on" : "off");
+  if (nodes > 1) {
+    // Across nodes: where the host allreduce goes two-level (when nodes hold equal counts).
+    settings += StrCat(", two-level allreduce from ", settings::HierAllReduceBytes(), " B");
+  }
 }
 
 std::string Preamble::Text() const {
