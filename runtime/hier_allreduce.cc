@@ -81,7 +81,7 @@ Status HierAllReduce::AllReduce(const void* send, void* recv, size_t count, DTyp
     const int n = static_cast<int>(mine);
     // From 4 nodes on, the non-blocking form even for a blocking call: Open MPI 4.1 runs it as
     // a ring there (libnbc), where its blocking allreduce takes recursive halving
-    // (Rabenseifner), 1.2x slower at 16-64 MiB with two ranks per node on the emulated cluster
+    // (Rabenseifner), 1.1-1.25x slower at 4-64 MiB with two ranks per node on the emulated cluster
     // (bench/RESULTS.md, "Two-level allreduce"). Below 4, libnbc takes reduce + broadcast.
     const bool ring = nodes_ >= 4;
     s = RunMpi(how, "MPI_Allreduce (across nodes)", shard_, [&](MPI_Request* r) {

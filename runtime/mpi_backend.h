@@ -2,7 +2,9 @@
 //
 // Sums run in MPI for float32/64 and the integer types. float16 / bfloat16 are widened to a
 // float32 scratch buffer, reduced in float32 and rounded once, so a P-rank sum of halves loses
-// no more than one rounding. Host memory only: device buffers are refused
+// no more than one rounding. Across nodes with the same number (> 1) of ranks on each, an
+// allreduce of at least POSEIDON_HIER_ALLREDUCE_BYTES runs in two levels (hier_allreduce.h:
+// shared memory within the node, MPI across). Host memory only: device buffers are refused
 // (kInvalidArgument); the staged backend (staged_backend.h) carries them through this one. The
 // argument checks and the failing together are CheckedBackend's (checked_backend.h).
 //
