@@ -66,29 +66,42 @@ MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
 
 MpiBackend::~MpiBackend() = default;
 
+namespace {
+
+// What a collective creation returned: the object, kept in *slot; or nullptr with *unavailable
+// set when it said kUnavailable (on every rank alike); or its error.
+template <typename T>
+Result<T*> Adopt(Result<std::unique_ptr<T>> created, std::unique_ptr<T>* slot, bool* unavailable) {
+  if (!created.ok() && created.status().code() == StatusCode::kUnavailable) {
+    *unavailable = true;
+    return static_cast<T*>(nullptr);
+  }
+  PSD_CHECK(created.status());
+  *slot = std::move(created).value();
+  return slot->get();
+}
+
+}  // namespace
+
+Status MpiBackend::MeetBeforeBlocking(const MpiWait& how) {
+  if (how.interrupt == nullptr) return Status::Ok();
+  return RunMpi(how, "MPI_Barrier", nullptr, [&](MPI_Request* r) {
+    return r ? MPI_Ibarrier(comm_, r) : MPI_Barrier(comm_);
+  });
+}
+
 Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
   const Knobs& k = knobs();
   if (k.shm_threshold <= 0 || shm_multi_node_) return static_cast<ShmCollectives*>(nullptr);
   const long long chunk = k.shm_chunk;
   if (shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk) return shm_.get();
-  if (how.interrupt != nullptr) {
-    // Freeing and creating the window (MPI_Win_free, MPI_Comm_split_type,
-    // MPI_Win_allocate_shared) only block: meet every rank under the interrupt first, so that
-    // they wait only for peers already on their way.
-    PSD_CHECK(RunMpi(how, "MPI_Barrier", nullptr, [&](MPI_Request* r) {
-      return r ? MPI_Ibarrier(comm_, r) : MPI_Barrier(comm_);
-    }));
-  }
+  // Freeing and creating the window (MPI_Win_free, MPI_Comm_split_type,
+  // MPI_Win_allocate_shared) only block.
+  PSD_CHECK(MeetBeforeBlocking(how));
   shm_.reset();  // collective: every rank reaches this point with the same settings
-  auto created = ShmCollectives::Create(comm_, chunk < 0 ? 0 : static_cast<size_t>(chunk),
-                                        k.shm_timeout_s);
-  if (!created.ok() && created.status().code() == StatusCode::kUnavailable) {
-    shm_multi_node_ = true;
-    return static_cast<ShmCollectives*>(nullptr);
-  }
-  PSD_CHECK(created.status());
-  shm_ = std::move(created).value();
-  return shm_.get();
+  return Adopt(ShmCollectives::Create(comm_, chunk < 0 ? 0 : static_cast<size_t>(chunk),
+                                      k.shm_timeout_s),
+               &shm_, &shm_multi_node_);
 }
 
 const MpiBackend::Knobs& MpiBackend::knobs() {
@@ -112,22 +125,10 @@ Result<HierAllReduce*> MpiBackend::Hierarchy(size_t bytes, DType dtype, const Mp
   if (hier_) return hier_.get();
   // Only across nodes (learned collectively by Node(), which every call runs first).
   if (!shm_multi_node_ || hier_unavailable_) return static_cast<HierAllReduce*>(nullptr);
-  if (how.interrupt != nullptr) {
-    // The creation's MPI calls only block: meet every rank under the interrupt first.
-    PSD_CHECK(RunMpi(how, "MPI_Barrier", nullptr, [&](MPI_Request* r) {
-      return r ? MPI_Ibarrier(comm_, r) : MPI_Barrier(comm_);
-    }));
-  }
+  PSD_CHECK(MeetBeforeBlocking(how));  // the creation's MPI calls only block
   const Knobs& k = knobs();
   const size_t chunk = k.shm_chunk < 0 ? 0 : static_cast<size_t>(k.shm_chunk);
-  auto created = HierAllReduce::Create(comm_, chunk, k.shm_timeout_s);
-  if (!created.ok() && created.status().code() == StatusCode::kUnavailable) {
-    hier_unavailable_ = true;
-    return static_cast<HierAllReduce*>(nullptr);
-  }
-  PSD_CHECK(created.status());
-  hier_ = std::move(created).value();
-  return hier_.get();
+  return Adopt(HierAllReduce::Create(comm_, chunk, k.shm_timeout_s), &hier_, &hier_unavailable_);
 }
 
 Result<bool> MpiBackend::HasHierarchy() {

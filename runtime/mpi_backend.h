@@ -108,11 +108,15 @@ class MpiBackend : public CheckedBackend {
   // Communicator creation. Under how.interrupt, a barrier polled under it runs first, so that
   // the window's blocking creation starts only once every rank has arrived.
   Result<ShmCollectives*> Node(const MpiWait& how);
+  // Under how.interrupt, a barrier polled under it, so that MPI calls that only block (creating
+  // or freeing a window or a communicator) start once every rank has arrived: ranks then wait
+  // only for peers already on their way. Without an interrupt, nothing.
+  Status MeetBeforeBlocking(const MpiWait& how);
   // The two-level allreduce (runtime/hier_allreduce.h) for an agreed call of `bytes` in dtype,
   // or nullptr for the flat one: when the communicator spans nodes (Node() said so), the
   // threshold (POSEIDON_HIER_ALLREDUCE_BYTES, or SetHierAllReduceBytes) is > 0 and <= bytes,
   // HierAllReduce::Takes(dtype), and the nodes allow it. Built at the first such call
-  // (collectively; under how.interrupt after a polled barrier, as Node()); kept.
+  // (collectively, after MeetBeforeBlocking); kept.
   Result<HierAllReduce*> Hierarchy(size_t bytes, DType dtype, const MpiWait& how);
   // Whether a call moving `bytes` (the full buffer) moves them through the window.
   bool ShmCarries(size_t bytes) {
