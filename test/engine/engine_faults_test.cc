@@ -330,7 +330,10 @@ TEST(Engine, ResponseCacheSkipsNegotiationInSteadyState) {
   const std::vector<size_t> sizes = {16, 32, 7, 100};
   auto hc = MakeCollective(sizes);
   EngineOptions o = Options(1 << 20, 0);
-  o.fusion_wait_us = 2000;  // every step's layers in one fused group, also under load
+  // Every step's layers in one fused group, also under load (the user thread's Wait closes the
+  // window at once, so the width costs nothing; 2 ms missed the cache in 12 steps once under
+  // ASan with 4 busy processes on 2 cores).
+  o.fusion_wait_us = 20000;
   auto engine = MakeEngine(hc.get(), o);
   ASSERT_NE(engine, nullptr);
   std::vector<std::vector<float>> g(sizes.size());
@@ -346,7 +349,7 @@ TEST(Engine, ResponseCacheSkipsNegotiationInSteadyState) {
 std::unique_ptr<Engine> CachedEngine(HybridCollective* hc, const std::vector<size_t>& sizes,
                                      double stall_abort_s, std::vector<std::vector<float>>* g) {
   EngineOptions o = Options(1 << 20, 0);
-  o.fusion_wait_us = 2000;
+  o.fusion_wait_us = 20000;  // as in ResponseCacheSkipsNegotiationInSteadyState
   o.stall_abort_s = stall_abort_s;
   auto engine = MakeEngine(hc, o);
   if (engine == nullptr) return nullptr;
