@@ -122,6 +122,10 @@ Result<HierAllReduce*> MpiBackend::Hierarchy(size_t bytes, DType dtype, const Mp
   if (from <= 0 || bytes < static_cast<size_t>(from) || !HierAllReduce::Takes(dtype)) {
     return static_cast<HierAllReduce*>(nullptr);
   }
+  return BuildHierarchy(how);
+}
+
+Result<HierAllReduce*> MpiBackend::BuildHierarchy(const MpiWait& how) {
   if (hier_) return hier_.get();
   // Only across nodes (learned collectively by Node(), which every call runs first).
   if (!shm_multi_node_ || hier_unavailable_) return static_cast<HierAllReduce*>(nullptr);
@@ -135,12 +139,8 @@ Result<bool> MpiBackend::HasHierarchy() {
   const MpiWait how{nullptr, "MpiBackend::HasHierarchy", sticky_.get()};
   PSD_CHECK(sticky_->Check(how.call));
   PSD_CHECK(Node(how).status());
-  const long long saved = hier_bytes_override_;
-  hier_bytes_override_ = 1;  // any size and a full-width dtype: only the nodes decide
-  Result<HierAllReduce*> h = Hierarchy(SIZE_MAX, DType::kFloat32, how);
-  hier_bytes_override_ = saved;
-  PSD_CHECK(h.status());
-  return *h != nullptr;
+  PSD_ASSIGN_OR_RETURN(HierAllReduce* h, BuildHierarchy(how));
+  return h != nullptr;
 }
 
 template <typename Run>
@@ -174,9 +174,13 @@ Status MpiBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt)
 }
 
 Status MpiBackend::ShmResult(const ShmCollectives& shm, Status status) {
-  if (status.ok() || !shm.broken()) return status;
-  // The window's peers are in an unknown state (one may still be inside this collective):
-  // nothing on this communicator can be trusted any more.
+  return RecordIfBroken(std::move(status), shm.broken());
+}
+
+Status MpiBackend::RecordIfBroken(Status status, bool broken) {
+  if (status.ok() || !broken) return status;
+  // The peers are in an unknown state (one may still be inside this collective): nothing on
+  // this communicator can be trusted any more.
   Status failed = status.WithPrefix("MpiBackend::");
   sticky_->Record(failed);
   return failed;
@@ -313,13 +317,7 @@ Status MpiBackend::DoAllReduce(const void* send, void* recv, size_t count, DType
   }
   PSD_ASSIGN_OR_RETURN(HierAllReduce* hier, Hierarchy(bytes, dtype, how));
   if (hier != nullptr) {
-    Status s = hier->AllReduce(send, recv, count, dtype, how);
-    if (!s.ok() && hier->broken()) {
-      // Peers are left mid-call: nothing on this communicator can be trusted any more.
-      s = s.WithPrefix("MpiBackend::");
-      sticky_->Record(s);
-    }
-    return s;
+    return RecordIfBroken(hier->AllReduce(send, recv, count, dtype, how), hier->broken());
   }
   return AllReduceUnchecked(send, recv, count, dtype, how);
 }

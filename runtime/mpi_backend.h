@@ -98,6 +98,9 @@ class MpiBackend : public CheckedBackend {
   // The result of a shared-memory call: a failure that left the window unusable (its peers are
   // in an unknown state) also makes this backend unusable.
   Status ShmResult(const ShmCollectives& shm, Status status);
+  // A failed call's status; when `broken` (the failure left peers mid-collective), prefixed
+  // "MpiBackend::" and recorded as this backend's sticky error.
+  Status RecordIfBroken(Status status, bool broken);
   // The shared-memory window when every rank of the communicator shares this node and
   // POSEIDON_SHM_THRESHOLD_BYTES > 0, else nullptr (plain MPI). Every call on such a
   // communicator goes through the window: its descriptor is checked there (ShmCollectives,
@@ -118,6 +121,9 @@ class MpiBackend : public CheckedBackend {
   // HierAllReduce::Takes(dtype), and the nodes allow it. Built at the first such call
   // (collectively, after MeetBeforeBlocking); kept.
   Result<HierAllReduce*> Hierarchy(size_t bytes, DType dtype, const MpiWait& how);
+  // The hierarchy whatever the size (built at the first call, see Hierarchy), or nullptr on one
+  // node, with the window off, or when the nodes do not allow it.
+  Result<HierAllReduce*> BuildHierarchy(const MpiWait& how);
   // Whether a call moving `bytes` (the full buffer) moves them through the window.
   bool ShmCarries(size_t bytes) {
     return bytes >= static_cast<size_t>(knobs().shm_threshold);
