@@ -21,7 +21,7 @@ namespace poseidon {
 
 namespace {
 
-double NowUs() {
+double ClockUs() {
   return std::chrono::duration<double, std::micro>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -49,6 +49,7 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
   rep.chunks = 0;
   rep.pack_us = rep.reduce_us = rep.finish_us = 0;
   const Kernels& k = *ctx_.kernels;
+  auto NowUs = [timed = batch.timed] { return timed ? ClockUs() : 0.0; };
   CallOptions call = ctx_.call;
   call.agreed = true;  // the engine's negotiation agreed on the parts
   const float inv = 1.0f / static_cast<float>(world());

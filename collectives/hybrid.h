@@ -77,6 +77,9 @@ struct DenseBatch {
   // parts take the result (true) or keep their input untouched (false: nothing is unpacked).
   std::vector<float> trailer;
   std::function<bool(const float* trailer_sum)> commit;
+  // Whether the report's phase times are wanted (the engine's timeline); false skips the clock
+  // reads and leaves them 0.
+  bool timed = true;
 };
 
 struct DenseBatchReport {

@@ -57,6 +57,19 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
   }
   const size_t es = DTypeSize(dtype);
   const size_t first = pieces.empty() ? 0 : pieces[0].count;  // the committed piece
+  if (size_ == 1) {
+    // The sum of one rank is its input: no slot, only the pieces not summed in place move.
+    PSD_CHECK(Enter(args, interrupt));
+    auto move = [&](size_t i) {
+      const SumPiece& p = pieces[i];
+      if (p.out != p.in && p.count > 0) std::memmove(p.out, p.in, p.count * es);
+    };
+    move(0);
+    if (commit && !commit(pieces[0].out)) return Status::Ok();
+    for (size_t i = 1; i < pieces.size(); ++i) move(i);
+    *committed = true;
+    return Status::Ok();
+  }
   std::vector<const void*>& srcs = srcs_;
   // Sums elements [lo, hi) of the pieces' concatenation from every rank's slot of `stage`,
   // whose first element is element `slot_start` (this rank's own contribution is read from
