@@ -257,11 +257,18 @@ Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
   // Wake peers that went to sleep waiting for this arrival (seq_cst store, then load of the
   // sleeper count, pairs with the sleeper's increment-then-recheck: one side sees the other).
   if (__atomic_load_n(mine + 1, __ATOMIC_SEQ_CST) != 0) FutexWakeAll(mine);
-  auto start = std::chrono::steady_clock::now();
+  // The clock is read only once a peer is found missing: a Sync whose peers are all there
+  // already (the common case of small back-to-back calls) reads none.
+  std::chrono::steady_clock::time_point start;
+  bool started = false;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     uint32_t* word = Word(Counter(r));
     uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    if (!started && !Reached(seen, target)) {
+      start = std::chrono::steady_clock::now();
+      started = true;
+    }
     // Spin briefly only when every rank has a core of its own: an oversubscribed rank that
     // spins steals the core from the very peer it waits for.
     if (spin_s_ > 0 && !Reached(seen, target)) {
@@ -496,8 +503,12 @@ Status ShmCollectives::AllGather(const void* send, void* recv, size_t count, DTy
   const char* call = "AllGather";
   const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
                            CheckDType(call, dtype)};
-  return AllGatherV(send, recv, std::vector<size_t>(static_cast<size_t>(size_), count), dtype,
-                    interrupt, args != nullptr ? args : &own);
+  const CollectiveArgs& a = args != nullptr ? *args : own;
+  PSD_CHECK(CheckUsable(a.call));
+  if (!a.local.ok() || !own.local.ok() || count == 0) return Enter(a, interrupt);
+  // Every rank's count is this one: no counts vector, no offsets (small gathers are all
+  // per-call overhead).
+  return GatherRounds(send, recv, count, nullptr, nullptr, dtype, interrupt, a);
 }
 
 Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
@@ -511,14 +522,26 @@ Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vecto
   const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(CheckUsable(a.call));
   if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
+  const std::vector<size_t> off = PrefixOffsets(counts);
+  return GatherRounds(send, recv, 0, counts.data(), off.data(), dtype, interrupt, a);
+}
+
+Status ShmCollectives::GatherRounds(const void* send, void* recv, size_t uniform,
+                                    const size_t* counts, const size_t* offsets, DType dtype,
+                                    const Interrupt* interrupt, const CollectiveArgs& a) {
+  auto count_of = [&](int r) { return counts ? counts[r] : uniform; };
+  auto offset_of = [&](int r) { return offsets ? offsets[r] : static_cast<size_t>(r) * uniform; };
+  size_t largest = 0, total = 0;
+  for (int r = 0; r < size_; ++r) {
+    largest = std::max(largest, count_of(r));
+    total += count_of(r);
+  }
   const size_t es = DTypeSize(dtype);
   // Rounds of at most kGatherRoundBytes per rank, whatever the slot: a round's copies (mine
   // in, every peer's out) then stay within a core's L2 cache.
   const size_t per_round = std::min(slot_bytes_, kGatherRoundBytes) / es;
-  const size_t largest = *std::max_element(counts.begin(), counts.end());
   const size_t rounds = (largest + per_round - 1) / per_round;
-  const std::vector<size_t> off = PrefixOffsets(counts);
-  const size_t count = counts[static_cast<size_t>(rank_)];
+  const size_t count = count_of(rank_);
   const unsigned char* in = static_cast<const unsigned char*>(send);
   unsigned char* out = static_cast<unsigned char*>(recv);
   const bool stream = total * es >= kStreamOutputBytes;
@@ -527,7 +550,7 @@ Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vecto
     return start >= c ? 0 : std::min(per_round, c - start);
   };
   // My own part never goes through the window.
-  unsigned char* my_out = out + off[static_cast<size_t>(rank_)] * es;
+  unsigned char* my_out = out + offset_of(rank_) * es;
   if (count > 0 && my_out != in) std::memmove(my_out, in, count * es);
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;
@@ -535,10 +558,9 @@ Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vecto
     if (len > 0) std::memcpy(Slot(rank_, stage), in + k * per_round * es, len * es);
     PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(a.call, interrupt));
     for (int r = 0; r < size_; ++r) {
-      const size_t n = piece_len(counts[static_cast<size_t>(r)], k);
+      const size_t n = piece_len(count_of(r), k);
       if (r == rank_ || n == 0) continue;
-      CopyOut(out + (off[static_cast<size_t>(r)] + k * per_round) * es, Slot(r, stage), n * es,
-              stream);
+      CopyOut(out + (offset_of(r) + k * per_round) * es, Slot(r, stage), n * es, stream);
     }
   }
   if (stream) StreamFence();

@@ -110,6 +110,11 @@ class ShmCollectives {
   // A call's first step: publish args, Sync, compare every rank's descriptor (see the top).
   Status Enter(const CollectiveArgs& args, const Interrupt* interrupt);
   Status CheckUsable(const char* call) const;
+  // AllGather(V)'s data path, after the checks: counts == nullptr gives every rank `uniform`
+  // elements at offset r * uniform; otherwise counts[r] at offsets[r].
+  Status GatherRounds(const void* send, void* recv, size_t uniform, const size_t* counts,
+                      const size_t* offsets, DType dtype, const Interrupt* interrupt,
+                      const CollectiveArgs& a);
 
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
