@@ -48,6 +48,10 @@ class AllReduce final : public Strategy {
     return strategy_internal::FinishDenseSum(layer, &static_cast<DenseState*>(state)->opt, buf,
                                              ctx);
   }
+
+  OptimizerState* SumOptimizer(LayerState* state) const override {
+    return &static_cast<DenseState*>(state)->opt;
+  }
 };
 
 }  // namespace

@@ -44,25 +44,56 @@ Status StrategyBuffer::Reset(const Kernels& kernels, size_t bytes) {
 
 Status OptimizerState::Apply(float* params, const float* grads, int num_grads, size_t stride,
                              float grad_scale, size_t n, const StrategyContext& ctx) {
+  ++steps_;
+  if (n == 0) {
+    kernels_ = ctx.kernels;
+    stream_ = ctx.call.stream;
+    return Status::Ok();
+  }
+  PSD_CHECK(Reserve(n, ctx));
+  return Step(params, grads, num_grads, stride, grad_scale, n, ctx);
+}
+
+Status OptimizerState::Reserve(size_t n, const StrategyContext& ctx) {
   const Kernels& k = *ctx.kernels;
   kernels_ = ctx.kernels;
   stream_ = ctx.call.stream;
-  ++steps_;
-  if (n == 0) return Status::Ok();
   // Fresh (zero) moments when the span changes size, as a new optimizer would start.
   n_ = n;
   switch (spec_.kind) {
     case OptimizerSpec::Kind::kSgd:
+      return first_.Reset(k, n * sizeof(float));
+    case OptimizerSpec::Kind::kAdam:
       PSD_CHECK(first_.Reset(k, n * sizeof(float)));
-      return k.SgdStep(params, grads, num_grads, stride, grad_scale, first_.as<float>(), n,
-                       spec_.sgd, ctx.call.stream);
+      return second_.Reset(k, n * sizeof(float));
+    case OptimizerSpec::Kind::kNone:
+      break;
+  }
+  return InternalError("OptimizerState::Reserve: no optimizer attached");
+}
+
+Status OptimizerState::ApplyRange(float* params, const float* sum, float grad_scale,
+                                  size_t offset, size_t count, const StrategyContext& ctx) {
+  PSD_REQUIRE(offset <= n_ && count <= n_ - offset, StatusCode::kInternal,
+              "OptimizerState::ApplyRange: elements [", offset, ", ", offset + count,
+              ") outside the reserved ", n_);
+  return Step(params, sum, 1, 0, grad_scale, count, ctx, offset);
+}
+
+Status OptimizerState::Step(float* params, const float* grads, int num_grads, size_t stride,
+                            float grad_scale, size_t n, const StrategyContext& ctx,
+                            size_t offset) {
+  const Kernels& k = *ctx.kernels;
+  switch (spec_.kind) {
+    case OptimizerSpec::Kind::kSgd:
+      return k.SgdStep(params + offset, grads, num_grads, stride, grad_scale,
+                       first_.as<float>() + offset, n, spec_.sgd, ctx.call.stream);
     case OptimizerSpec::Kind::kAdam: {
-      PSD_CHECK(first_.Reset(k, n * sizeof(float)));
-      PSD_CHECK(second_.Reset(k, n * sizeof(float)));
       AdamParams p = spec_.adam;
       p.step = steps_;  // bias correction counts the steps this state has taken
-      return k.AdamStep(params, grads, num_grads, stride, grad_scale, first_.as<float>(),
-                        second_.as<float>(), n, p, ctx.call.stream);
+      return k.AdamStep(params + offset, grads, num_grads, stride, grad_scale,
+                        first_.as<float>() + offset, second_.as<float>() + offset, n, p,
+                        ctx.call.stream);
     }
     case OptimizerSpec::Kind::kNone:
       break;

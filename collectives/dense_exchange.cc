@@ -71,8 +71,34 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
     pieces.clear();
     rep.trailer_sum.resize(batch.trailer.size());
     pieces.push_back({batch.trailer.data(), rep.trailer_sum.data(), batch.trailer.size()});
-    for (const DensePart& p : batch.parts) {
-      pieces.push_back({p.grad + p.begin, p.grad + p.begin, p.end - p.begin});
+    // A whole layer with an optimizer takes its step range by range as the backend hands
+    // over the sum (a sink): the sum goes straight into the optimizer's pass, never written
+    // into grad and read back. Its moments are reserved here, before the collective, so the
+    // sink itself cannot fail on allocation; where that fails the tail below steps as usual.
+    has_sink_.assign(nparts, 0);
+    sink_began_.assign(nparts, 0);
+    sink_status_.assign(nparts, Status::Ok());
+    sinks_.resize(nparts);  // sized before any address is taken
+    for (size_t i = 0; i < nparts; ++i) {
+      const DensePart& p = batch.parts[i];
+      SumPiece piece{p.grad + p.begin, p.grad + p.begin, p.end - p.begin};
+      OptimizerState* opt = nullptr;
+      if (p.begin == 0 && p.last && !p.sum_only && p.end > 0) opt = SumOptimizerOf(p.layer);
+      if (opt != nullptr && opt->Reserve(p.end, ctx_).ok()) {
+        sinks_[i] = [this, i, opt, params = p.params, inv](size_t offset, size_t n,
+                                                           const void* sum) {
+          if (!sink_began_[i]) {
+            opt->BeginStep();
+            sink_began_[i] = 1;
+          }
+          if (!sink_status_[i].ok()) return;
+          sink_status_[i] =
+              opt->ApplyRange(params, static_cast<const float*>(sum), inv, offset, n, ctx_);
+        };
+        piece.sink = &sinks_[i];
+        has_sink_[i] = 1;
+      }
+      pieces.push_back(piece);
     }
     Status s;
     if (batch.pad > 0) {
@@ -251,9 +277,17 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
     if (!whole && !optimizer && batch.kind != DenseBatchKind::kChunked) {
       s = k.Scale(p.grad + p.begin, p.end - p.begin, inv, call.stream);
     }
+    const bool stepped = by_pieces && has_sink_[i];  // by its sink, range by range
+    if (stepped) {
+      s = sink_status_[i];
+      if (s.ok() && !sink_began_[i]) {
+        s = InternalError("ExchangeDense: layer ", p.layer, ": the backend handed over none of "
+                          "the sum to the layer's optimizer");
+      }
+    }
     if (p.last && s.ok()) {
       const bool chunk_averaged = batch.kind == DenseBatchKind::kChunked && !optimizer;
-      if ((whole && !chunk_averaged) || optimizer) {
+      if (!stepped && ((whole && !chunk_averaged) || optimizer)) {
         ExchangeBuffers b;
         b.grad = summed[i] != nullptr ? summed[i] : p.grad;
         b.params = p.params;

@@ -180,6 +180,14 @@ Status HybridCollective::FinishDenseSum(int id, const ExchangeBuffers& buffers, 
   return Status::Ok();
 }
 
+OptimizerState* HybridCollective::SumOptimizerOf(int id) {
+  if (id < 0 || id >= num_layers() || !plan_.has_value()) return nullptr;
+  const Layer& l = layers_[static_cast<size_t>(id)];
+  if (!l.spec.optimizer.enabled() || strategy(id) != StrategyKind::kAllReduce) return nullptr;
+  Result<LayerState*> state = StateFor(id);
+  return state.ok() ? GetStrategy(StrategyKind::kAllReduce).SumOptimizer(*state) : nullptr;
+}
+
 void HybridCollective::AddTraffic(int id, double bytes_sent, double dense_bytes) {
   if (id < 0 || id >= num_layers()) return;
   Layer& l = layers_[static_cast<size_t>(id)];

@@ -188,6 +188,9 @@ class HybridCollective {
   void AddTraffic(int id, double bytes_sent, double dense_bytes);
   // The layer's state for its planned strategy, made on first use.
   Result<LayerState*> StateFor(int id);
+  // The optimizer state a dense sum of layer `id` steps (Strategy::SumOptimizer); null when the
+  // layer has no optimizer, is not planned as allreduce, or its state cannot be made.
+  OptimizerState* SumOptimizerOf(int id);
 
   struct Layer {
     LayerSpec spec;
@@ -206,6 +209,11 @@ class HybridCollective {
   StrategyBuffer fusion_buf_;     // ExchangeDense's packing buffer (grown by ReserveFusion)
   std::vector<SumPiece> pieces_;  // ExchangeDense's piece list, kept across calls
   std::vector<float*> summed_;    // and its parts left in the fusion buffer
+  // ExchangeDense's optimizer steps taken range by range from the backend's sum (pieces_'s
+  // sinks): the sink of each part, whether it has one, whether it began its step, its status.
+  std::vector<SumSink> sinks_;
+  std::vector<char> has_sink_, sink_began_;
+  std::vector<Status> sink_status_;
 };
 
 }  // namespace poseidon

@@ -115,6 +115,8 @@ class StrategyBuffer {
   std::unique_ptr<KernelBuffer> buf_;
 };
 
+class OptimizerState;
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -143,6 +145,9 @@ class Strategy {
   // communication.
   virtual Status FinishSum(const LayerSpec& layer, LayerState* state, const ExchangeBuffers& buf,
                            const StrategyContext& ctx) const;
+  // The optimizer state FinishSum steps for a layer with an optimizer (the dense allreduce's),
+  // so that a caller may apply it range by range as the sum arrives; null for the others.
+  virtual OptimizerState* SumOptimizer(LayerState*) const { return nullptr; }
 };
 
 // The four strategies (static instances).
@@ -169,12 +174,23 @@ class OptimizerState {
   // params[0..n) -= update from grads = grad_scale * sum_g grads[g * stride + i].
   Status Apply(float* params, const float* grads, int num_grads, size_t stride, float grad_scale,
                size_t n, const StrategyContext& ctx);
+  // Apply in parts, for a sum that arrives range by range (HybridCollective::ExchangeDense):
+  // Reserve the moments for n elements (may allocate: before the collective), then, once the
+  // sum is final, BeginStep once and ApplyRange on every range [offset, offset + count) with
+  // that range's sum: the same bits as one Apply of the whole sum.
+  Status Reserve(size_t n, const StrategyContext& ctx);
+  void BeginStep() { ++steps_; }
+  Status ApplyRange(float* params, const float* sum, float grad_scale, size_t offset,
+                    size_t count, const StrategyContext& ctx);
   // Host copies of the moments (empty before the first step); tests and tools only.
   std::vector<float> first() const;   // SGD velocity / Adam m
   std::vector<float> second() const;  // Adam v
   int64_t steps() const { return steps_; }
 
  private:
+  // The kernel over [offset, offset + n) of params and the moments (Reserve made them).
+  Status Step(float* params, const float* grads, int num_grads, size_t stride, float grad_scale,
+              size_t n, const StrategyContext& ctx, size_t offset = 0);
   OptimizerSpec spec_;
   StrategyBuffer first_, second_;
   size_t n_ = 0;

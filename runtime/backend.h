@@ -67,12 +67,21 @@ class Request {
   Status Wait() { return Wait(nullptr); }
 };
 
+// Takes a piece's sum range by range (SumPiece::sink): elements [offset, offset + count) of
+// the piece, summed over ranks, readable only during the call. Called after the commit, once
+// for every element of the piece, ranges in no set order; it must not fail (a caller with work
+// that can fail prepares it before the collective).
+using SumSink = std::function<void(size_t offset, size_t count, const void* sum)>;
+
 // One piece of a piecewise sum (Backend::AllReducePieces): `count` elements read from `in`,
-// their sum over ranks written to `out` (which may equal `in`).
+// their sum over ranks written to `out` (which may equal `in`); or, with a sink (never on the
+// first piece, which the commit reads), handed to the sink instead, `out` then being scratch
+// that may or may not be written.
 struct SumPiece {
   const void* in = nullptr;
   void* out = nullptr;
   size_t count = 0;
+  const SumSink* sink = nullptr;
 };
 
 // Called with the sum of a piecewise sum's first piece before any other piece's output is

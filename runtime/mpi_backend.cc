@@ -443,6 +443,10 @@ Status MpiBackend::AllReducePieces(const std::vector<SumPiece>& pieces, DType dt
     local = CheckBuffer(call, "piece input", pieces[i].in, n, bytes);
     if (local.ok()) local = CheckBuffer(call, "piece output", pieces[i].out, n, bytes);
   }
+  if (local.ok() && !pieces.empty() && pieces[0].sink != nullptr) {
+    local = InvalidArgument(call, ": the first piece has a sink; expected its sum in its output "
+                            "(the commit reads it there)");
+  }
   PSD_ASSIGN_OR_RETURN(ShmCollectives* shm, Node(how));
   // Whether the window carries the call depends only on agreed values (the settings, the node,
   // the total size, which the caller agreed), so every rank answers kUnimplemented alike (the

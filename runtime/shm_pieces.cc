@@ -32,7 +32,9 @@ void ScatterPieces(const std::vector<SumPiece>& pieces, size_t es, size_t lo, si
   size_t base = 0;
   for (const SumPiece& p : pieces) {
     const size_t a = std::max(lo, base), b = std::min(hi, base + p.count);
-    if (a < b) {
+    if (a < b && p.sink != nullptr) {
+      (*p.sink)(a - base, b - a, src + (a - lo) * es);
+    } else if (a < b) {
       std::memcpy(static_cast<unsigned char*>(p.out) + (a - base) * es, src + (a - lo) * es,
                   (b - a) * es);
     }
@@ -62,7 +64,12 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
     PSD_CHECK(Enter(args, interrupt));
     auto move = [&](size_t i) {
       const SumPiece& p = pieces[i];
-      if (p.out != p.in && p.count > 0) std::memmove(p.out, p.in, p.count * es);
+      if (p.count == 0) return;
+      if (i > 0 && p.sink != nullptr) {
+        (*p.sink)(0, p.count, p.in);
+      } else if (p.out != p.in) {
+        std::memmove(p.out, p.in, p.count * es);
+      }
     };
     move(0);
     if (commit && !commit(pieces[0].out)) return Status::Ok();
@@ -104,6 +111,11 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
     }
     reduce(stage_, 0, first, count, false);
     ++stage_;
+    // Summed into the outputs above (scratch for a piece with a sink): hand those over.
+    for (size_t i = 1; i < pieces.size(); ++i) {
+      const SumPiece& p = pieces[i];
+      if (p.sink != nullptr && p.count > 0) (*p.sink)(0, p.count, p.out);
+    }
     *committed = true;
     return Status::Ok();
   }
