@@ -339,6 +339,59 @@ TEST_P(ShmDirect, AllReducePiecesMatchesAllReduce) {
   }
 }
 
+// Pieces with a sink: every element's sum reaches the sink exactly once, with AllReduce's bits,
+// only after an accepted commit; pieces without one still get theirs in their outputs.
+TEST_P(ShmDirect, AllReducePiecesSinksSeeEverySumOnce) {
+  DType dt = GetParam().dtype;
+  const size_t es = DTypeSize(dt);
+  for (size_t n : Counts(GetParam())) {
+    n = std::min(n, size_t{1} << 18);
+    const size_t head = std::min<size_t>(n, 3);
+    Buf whole(dt, n), want(dt, n), work(dt, n), sunk(dt, n), head_sum(dt, head);
+    FillX(&whole, rank(), n);
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(whole.data(), want.data(), n, dt)));
+    unsigned char* base = static_cast<unsigned char*>(work.data());
+    unsigned char* out = static_cast<unsigned char*>(sunk.data());
+    // [head, mid) through a sink, [mid, n) into its output, [n) nothing more.
+    const size_t mid = head + (n - head) / 2;
+    std::vector<int> seen(n, 0);
+    const SumSink sink = [&](size_t offset, size_t count, const void* sum) {
+      for (size_t i = 0; i < count; ++i) ++seen[head + offset + i];
+      std::memcpy(out + (head + offset) * es, sum, count * es);
+    };
+    std::vector<SumPiece> pieces;
+    pieces.push_back({base, head_sum.data(), head});
+    pieces.push_back({base + head * es, base + head * es, mid - head, &sink});
+    pieces.push_back({base + mid * es, base + mid * es, n - mid});
+    const CollectiveArgs args{"AllReducePieces", static_cast<int64_t>(n),
+                              static_cast<int64_t>(dt), -1, 0, Status::Ok()};
+    for (bool accept : {false, true}) {
+      std::memcpy(base, whole.data(), n * es);
+      std::fill(seen.begin(), seen.end(), 0);
+      bool committed = false;
+      SumCommit commit = [&](const void*) { return accept; };
+      ASSERT_TRUE(OkOnEveryRank(
+          shm_->AllReducePieces(pieces, dt, nullptr, args, commit, &committed)));
+      if (!accept && n > 0) {
+        EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), static_cast<long>(n)) << "n=" << n;
+        continue;
+      }
+      for (size_t i = head; i < mid; ++i) ASSERT_EQ(seen[i], 1) << "n=" << n << ", element " << i;
+      EXPECT_EQ(std::memcmp(out + head * es,
+                            static_cast<const unsigned char*>(want.data()) + head * es,
+                            (mid - head) * es),
+                0)
+          << "n=" << n;
+      EXPECT_EQ(std::memcmp(base + mid * es,
+                            static_cast<const unsigned char*>(want.data()) + mid * es,
+                            (n - mid) * es),
+                0)
+          << "n=" << n;
+    }
+    EXPECT_FALSE(shm_->broken());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, ShmDirect, ::testing::ValuesIn(AllCases()), CaseName);
 
 }  // namespace
