@@ -310,5 +310,26 @@ TEST(ShmBackendAgreement, MismatchWithTheDataOnEitherPath) {
   Settings::Global().Reset();
 }
 
+// A sink on the committed first piece (on one rank only) fails the call on every rank, naming
+// it; the pieces keep their inputs and the backend stays usable.
+TEST(ShmBackendAgreement, SinkOnTheFirstPieceIsRefusedEverywhere) {
+  Backend& be = World()->host_backend();
+  const bool odd = World()->rank() == World()->size() - 1;
+  std::vector<float> head(4, 1.0f), head_sum(4), body(100, 3.0f);
+  const SumSink sink = [](size_t, size_t, const void*) {};
+  std::vector<SumPiece> pieces = {{head.data(), head_sum.data(), head.size(), odd ? &sink : nullptr},
+                                  {body.data(), body.data(), body.size()}};
+  bool committed = true;
+  Status st = be.AllReducePieces(pieces, DType::kFloat32, {}, nullptr, &committed);
+  if (st.code() == StatusCode::kUnimplemented) GTEST_SKIP() << "no window here: " << st.message();
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  EXPECT_NE(st.message().find("the first piece has a sink"), std::string::npos) << st.message();
+  EXPECT_EQ(body[0], 3.0f);
+  pieces[0].sink = nullptr;
+  EXPECT_TRUE(OkOnEveryRank(be.AllReducePieces(pieces, DType::kFloat32, {}, nullptr, &committed)));
+  EXPECT_TRUE(committed);
+  EXPECT_EQ(body[99], 3.0f * static_cast<float>(World()->size()));
+}
+
 }  // namespace
 }  // namespace poseidon
