@@ -5,11 +5,15 @@
 //      the engine can run it again). Where the backend has no piecewise path (across nodes,
 //      device memory): pack every part (and the trailer) into the fusion buffer; one
 //      allreduce; commit as above; unpack.
+//      In the piecewise form, a whole layer with an optimizer gives its piece a sink: the
+//      optimizer step (the 1/P average fused in) runs range by range on the window's sum as
+//      the backend hands it over, so the sum is never copied into grad.
 //      kInPlace: one allreduce on the part itself.
 //      kChunked: allreduce i+1 is posted before chunk i is averaged (PHub-style pipeline).
 //   2. Each part's tail: a part that ends its layer finishes the whole layer (the 1/P average,
-//      or the optimizer step with the average fused in, FinishDenseSum) unless it is a slice of
-//      a layer without an optimizer, which was averaged slice by slice; then the traffic.
+//      or the optimizer step with the average fused in, FinishDenseSum) unless its sink took
+//      the step or it is a slice of a layer without an optimizer, which was averaged slice by
+//      slice; then the traffic.
 // The average of a slice and of the whole layer is the same element-wise 1/P scale, so fused,
 // sliced, chunked and unfused exchanges give bitwise identical results.
 #include <algorithm>
@@ -49,7 +53,7 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
   rep.chunks = 0;
   rep.pack_us = rep.reduce_us = rep.finish_us = 0;
   const Kernels& k = *ctx_.kernels;
-  auto NowUs = [timed = batch.timed] { return timed ? ClockUs() : 0.0; };
+  auto now_us = [timed = batch.timed] { return timed ? ClockUs() : 0.0; };
   CallOptions call = ctx_.call;
   call.agreed = true;  // the engine's negotiation agreed on the parts
   const float inv = 1.0f / static_cast<float>(world());
@@ -58,7 +62,7 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
   };
 
   // 1. The sum.
-  const double t0 = NowUs();
+  const double t0 = now_us();
   std::vector<float*>& summed = summed_;  // parts whose sum stays in the fusion buffer
   summed.assign(nparts, nullptr);
   std::vector<const float*> unpacked;
@@ -120,7 +124,7 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
       s = ctx_.backend->AllReducePieces(pieces, DType::kFloat32, call, commit, &committed);
       if (s.code() != StatusCode::kUnimplemented) {
         by_pieces = true;
-        rep.reduce_us = NowUs() - t0;
+        rep.reduce_us = now_us() - t0;
         if (!s.ok()) {
           rep.trailer_sum.clear();
           fail_all(s.WithPrefix("fused allreduce: "));
@@ -184,12 +188,12 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
       s = k.Copy(buf + data_elems, batch.trailer.data(), batch.trailer.size() * sizeof(float),
                  call.stream);
     }
-    const double t1 = NowUs();
+    const double t1 = now_us();
     rep.pack_us = t1 - t0;
     // A local pack failure still joins the allreduce (the peers are in it); its result is then
     // not unpacked here.
     Status sum = ctx_.backend->AllReduce(buf, buf, total, DType::kFloat32, call);
-    const double t2 = NowUs();
+    const double t2 = now_us();
     rep.reduce_us = t2 - t1;
     if (!sum.ok()) {
       fail_all(sum.WithPrefix("fused allreduce: "));
@@ -218,7 +222,7 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
       s = ctx_.backend->AllReduce(p.grad + p.begin, p.grad + p.begin, p.end - p.begin,
                               DType::kFloat32, call);
     }
-    rep.reduce_us = NowUs() - t0;
+    rep.reduce_us = now_us() - t0;
     if (!s.ok()) {
       fail_all(s.WithPrefix("allreduce: "));
       return;
@@ -258,7 +262,7 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
       rep.chunks += 1;
       current = std::move(next);
     }
-    rep.reduce_us = NowUs() - t0;
+    rep.reduce_us = now_us() - t0;
     if (!s.ok()) {
       fail_all(s.WithPrefix("chunked allreduce: "));
       return;
@@ -266,7 +270,7 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
   }
 
   // 2. Tails.
-  const double t3 = NowUs();
+  const double t3 = now_us();
   for (size_t i = 0; i < nparts; ++i) {
     const DensePart& p = batch.parts[i];
     if (p.sum_only) continue;
@@ -302,7 +306,7 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
     }
     rep.status[i] = s;
   }
-  rep.finish_us = NowUs() - t3;
+  rep.finish_us = now_us() - t3;
 }
 
 }  // namespace poseidon
