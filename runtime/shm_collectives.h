@@ -85,6 +85,9 @@ class ShmCollectives {
   // (same bits), read straight from the pieces and written straight into them; commit sees the
   // first piece's sum before any other output is written (the first piece must fit one slot;
   // kInvalidArgument otherwise). Declining returns OK with *committed false on every rank.
+  // A piece with a sink gets its sum handed over range by range after the commit (from the
+  // slots, or from its output used as scratch in the one-Sync form); the first piece must have
+  // none (MpiBackend refuses one before the call).
   Status AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
                          const Interrupt* interrupt, const CollectiveArgs& args,
                          const SumCommit& commit, bool* committed);

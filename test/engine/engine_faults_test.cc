@@ -345,9 +345,14 @@ TEST(Engine, ResponseCacheSkipsNegotiationInSteadyState) {
   EXPECT_TRUE(engine->Shutdown().ok());
 }
 
-// An engine that has run 12 steps of `sizes` and entered the response cache.
+// An engine that has run 12 steps of `sizes` and entered the response cache; *next is the step
+// to submit next. A loaded machine (ASan, 4 busy processes on 2 cores) can deschedule the test
+// thread between two submissions for longer than the fusion window, which splits a step's
+// group and delays the cache: up to 48 more steps are run then, 4 at a time (the switch is
+// decided alike on every rank, so every rank runs as many).
 std::unique_ptr<Engine> CachedEngine(HybridCollective* hc, const std::vector<size_t>& sizes,
-                                     double stall_abort_s, std::vector<std::vector<float>>* g) {
+                                     double stall_abort_s, std::vector<std::vector<float>>* g,
+                                     int* next) {
   EngineOptions o = Options(1 << 20, 0);
   o.fusion_wait_us = 20000;  // as in ResponseCacheSkipsNegotiationInSteadyState
   o.stall_abort_s = stall_abort_s;
@@ -355,7 +360,13 @@ std::unique_ptr<Engine> CachedEngine(HybridCollective* hc, const std::vector<siz
   if (engine == nullptr) return nullptr;
   g->assign(sizes.size(), {});
   RunCachedSteps(engine.get(), sizes, 0, 12, g);
-  EXPECT_GT(engine->stats().cached_ops, 0);
+  *next = 12;
+  while (engine->stats().cached_ops == 0 && *next < 60) {
+    RunCachedSteps(engine.get(), sizes, *next, *next + 4, g);
+    *next += 4;
+  }
+  EXPECT_GT(engine->stats().cached_ops, 0) << "not in the response cache after " << *next
+                                           << " steps";
   return engine;
 }
 
@@ -365,10 +376,11 @@ TEST(Engine, WaitingThreadRunsCachedOps) {
   const std::vector<size_t> sizes = {16, 32, 7, 100};
   auto hc = MakeCollective(sizes);
   std::vector<std::vector<float>> g;
-  auto engine = CachedEngine(hc.get(), sizes, 20, &g);
+  int next = 0;
+  auto engine = CachedEngine(hc.get(), sizes, 20, &g, &next);
   ASSERT_NE(engine, nullptr);
   const EngineStats before = engine->stats();
-  RunCachedSteps(engine.get(), sizes, 12, 40, &g, -1);
+  RunCachedSteps(engine.get(), sizes, next, next + 28, &g, -1);
   const EngineStats after = engine->stats();
   EXPECT_EQ(after.completed - before.completed, 28 * static_cast<int64_t>(sizes.size()));
   EXPECT_GT(after.waiter_ops, before.waiter_ops)
@@ -387,10 +399,11 @@ TEST(Engine, CachedOpsCompleteWithoutWaiters) {
   const std::vector<size_t> sizes = {16, 32, 7};
   auto hc = MakeCollective(sizes);
   std::vector<std::vector<float>> g;
-  auto engine = CachedEngine(hc.get(), sizes, 20, &g);
+  int next = 0;
+  auto engine = CachedEngine(hc.get(), sizes, 20, &g, &next);
   ASSERT_NE(engine, nullptr);
   std::atomic<int> done{0};
-  for (int step = 12; step < 32; ++step) {
+  for (int step = next; step < next + 20; ++step) {
     std::vector<HandlePtr> h(sizes.size());
     for (size_t l = sizes.size(); l-- > 0;) {
       g[l] = Grad(sizes[l], me, step);
@@ -421,16 +434,17 @@ TEST(Engine, ResponseCacheCatchesADeviationWithinTheStep) {
   const std::vector<size_t> sizes = {16, 32, 7};
   auto hc = MakeCollective(sizes);
   std::vector<std::vector<float>> g;
-  auto engine = CachedEngine(hc.get(), sizes, 20, &g);
+  int next = 0;
+  auto engine = CachedEngine(hc.get(), sizes, 20, &g, &next);
   ASSERT_NE(engine, nullptr);
   // The last rank hands over a different size for layer 1: every rank fails with kMismatch
   // naming it, within the step.
   auto start = Clock::now();
   std::vector<HandlePtr> h;
   for (size_t l = sizes.size(); l-- > 0;) {
-    g[l] = Grad(sizes[l], me, 12);
+    g[l] = Grad(sizes[l], me, next);
     const size_t n = (l == 1 && me == P - 1) ? sizes[l] - 1 : sizes[l];
-    h.push_back(engine->Submit(static_cast<int>(l), g[l].data(), n, 12));
+    h.push_back(engine->Submit(static_cast<int>(l), g[l].data(), n, next));
   }
   ExpectAllFail({h[1]}, StatusCode::kMismatch, {"layer 1 (l1)", "element count"}, start, 5);
   EXPECT_GE(engine->stats().cache_exits, 1);
@@ -443,16 +457,17 @@ TEST(Engine, ResponseCacheSkippedLayerStallsInsteadOfHanging) {
   const std::vector<size_t> sizes = {16, 32};
   auto hc = MakeCollective(sizes);
   std::vector<std::vector<float>> g;
-  auto engine = CachedEngine(hc.get(), sizes, 1.0, &g);
+  int next = 0;
+  auto engine = CachedEngine(hc.get(), sizes, 1.0, &g, &next);
   ASSERT_NE(engine, nullptr);
-  // The last rank never submits layer 0 in step 12 (a parameter unused there).
+  // The last rank never submits layer 0 in the next step (a parameter unused there).
   auto start = Clock::now();
-  g[1] = Grad(sizes[1], me, 12);
-  HandlePtr h1 = engine->Submit(1, g[1].data(), sizes[1], 12);
+  g[1] = Grad(sizes[1], me, next);
+  HandlePtr h1 = engine->Submit(1, g[1].data(), sizes[1], next);
   HandlePtr h0;
   if (me != P - 1) {
-    g[0] = Grad(sizes[0], me, 12);
-    h0 = engine->Submit(0, g[0].data(), sizes[0], 12);
+    g[0] = Grad(sizes[0], me, next);
+    h0 = engine->Submit(0, g[0].data(), sizes[0], next);
   }
   Status s1 = h1->Wait(15);
   EXPECT_TRUE(s1.ok() || s1.code() == StatusCode::kTimeout) << s1.ToString();
