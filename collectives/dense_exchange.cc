@@ -38,6 +38,18 @@ Status HybridCollective::ReserveFusion(size_t bytes) {
   return fusion_buf_.Grow(*ctx_.kernels, std::max<size_t>(bytes, 4));
 }
 
+void HybridCollective::SinkRange(size_t part, size_t offset, size_t count, const void* sum) {
+  SinkPart& sp = sink_parts_[part];
+  if (!sp.began) {
+    sp.opt->BeginStep();
+    sp.began = true;
+  }
+  if (!sp.status.ok()) return;
+  const float inv = 1.0f / static_cast<float>(world());
+  sp.status = sp.opt->ApplyRange(sp.params, static_cast<const float*>(sum), inv, offset, count,
+                                 ctx_);
+}
+
 DenseBatchReport HybridCollective::ExchangeDense(const DenseBatch& batch) {
   DenseBatchReport rep;
   ExchangeDense(batch, &rep);
@@ -79,28 +91,21 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
     // over the sum (a sink): the sum goes straight into the optimizer's pass, never written
     // into grad and read back. Its moments are reserved here, before the collective, so the
     // sink itself cannot fail on allocation; where that fails the tail below steps as usual.
-    has_sink_.assign(nparts, 0);
-    sink_began_.assign(nparts, 0);
-    sink_status_.assign(nparts, Status::Ok());
-    sinks_.resize(nparts);  // sized before any address is taken
+    sink_parts_.assign(nparts, SinkPart{});
+    for (size_t i = sinks_.size(); i < nparts; ++i) {
+      sinks_.emplace_back([this, i](size_t offset, size_t n, const void* sum) {
+        SinkRange(i, offset, n, sum);
+      });
+    }
     for (size_t i = 0; i < nparts; ++i) {
       const DensePart& p = batch.parts[i];
       SumPiece piece{p.grad + p.begin, p.grad + p.begin, p.end - p.begin};
       OptimizerState* opt = nullptr;
       if (p.begin == 0 && p.last && !p.sum_only && p.end > 0) opt = SumOptimizerOf(p.layer);
       if (opt != nullptr && opt->Reserve(p.end, ctx_).ok()) {
-        sinks_[i] = [this, i, opt, params = p.params, inv](size_t offset, size_t n,
-                                                           const void* sum) {
-          if (!sink_began_[i]) {
-            opt->BeginStep();
-            sink_began_[i] = 1;
-          }
-          if (!sink_status_[i].ok()) return;
-          sink_status_[i] =
-              opt->ApplyRange(params, static_cast<const float*>(sum), inv, offset, n, ctx_);
-        };
+        sink_parts_[i].opt = opt;
+        sink_parts_[i].params = p.params;
         piece.sink = &sinks_[i];
-        has_sink_[i] = 1;
       }
       pieces.push_back(piece);
     }
@@ -281,10 +286,11 @@ void HybridCollective::ExchangeDense(const DenseBatch& batch, DenseBatchReport* 
     if (!whole && !optimizer && batch.kind != DenseBatchKind::kChunked) {
       s = k.Scale(p.grad + p.begin, p.end - p.begin, inv, call.stream);
     }
-    const bool stepped = by_pieces && has_sink_[i];  // by its sink, range by range
+    // Stepped by its sink, range by range (sink_parts_ describes this batch when by_pieces).
+    const bool stepped = by_pieces && sink_parts_[i].opt != nullptr;
     if (stepped) {
-      s = sink_status_[i];
-      if (s.ok() && !sink_began_[i]) {
+      s = sink_parts_[i].status;
+      if (s.ok() && !sink_parts_[i].began) {
         s = InternalError("ExchangeDense: layer ", p.layer, ": the backend handed over none of "
                           "the sum to the layer's optimizer");
       }

@@ -107,6 +107,9 @@ class HybridCollective {
   static Result<std::unique_ptr<HybridCollective>> Create(std::shared_ptr<Communicator> comm,
                                                           MemoryKind memory = MemoryKind::kHost,
                                                           const Kernels* kernels = nullptr);
+  // Not copied or moved: its kept sinks (sinks_) hold its address.
+  HybridCollective(const HybridCollective&) = delete;
+  HybridCollective& operator=(const HybridCollective&) = delete;
 
   // Validates and resolves the spec (settings fill unset options); returns the layer id
   // (0, 1, 2, ... in registration order). Names must be unique.
@@ -210,10 +213,19 @@ class HybridCollective {
   std::vector<SumPiece> pieces_;  // ExchangeDense's piece list, kept across calls
   std::vector<float*> summed_;    // and its parts left in the fusion buffer
   // ExchangeDense's optimizer steps taken range by range from the backend's sum (pieces_'s
-  // sinks): the sink of each part, whether it has one, whether it began its step, its status.
+  // sinks). One per part of the current batch: the optimizer (null: the part has no sink), the
+  // layer's parameters, whether the step began, its status.
+  struct SinkPart {
+    OptimizerState* opt = nullptr;
+    float* params = nullptr;
+    bool began = false;
+    Status status;
+  };
+  std::vector<SinkPart> sink_parts_;
+  // sinks_[i] steps sink_parts_[i]. Made once per index and kept: capturing only `this` and the
+  // index, a steady-state call rebuilds nothing (and allocates nothing).
   std::vector<SumSink> sinks_;
-  std::vector<char> has_sink_, sink_began_;
-  std::vector<Status> sink_status_;
+  void SinkRange(size_t part, size_t offset, size_t count, const void* sum);
 };
 
 }  // namespace poseidon
