@@ -203,10 +203,11 @@ void Engine::RunForWaiter(const Handle& h) {
   // reach this waiter.
   // (Polled: TSan does not see std::timed_mutex's clock-based lock.)
   std::unique_lock<std::mutex> exec(exec_mu_, std::try_to_lock);
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-  while (!exec.owns_lock() && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::yield();
-    exec.try_lock();
+  if (!exec.owns_lock()) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+    do {
+      std::this_thread::yield();
+    } while (!exec.try_lock() && std::chrono::steady_clock::now() < give_up);
   }
   if (!exec.owns_lock()) {
     // The engine thread holds the executor: it runs the op if it is complete (this flag stops

@@ -102,7 +102,7 @@ Status Engine::SetUp() {
   if (!options_.timeline.empty()) {
     PSD_ASSIGN_OR_RETURN(timeline_,
                          Timeline::Open(options_.timeline, comm_->rank(), comm_->size()));
-    for (int l = 0; l < num_layers_; ++l) timeline_->SetLayerName(l, *layer_names_[l]);
+    for (int l = 0; l < num_layers_; ++l) timeline_->SetLayerName(l, LayerName(l));
     // One more track after the layers: the negotiation rounds of the cycles that ran work.
     timeline_->SetLayerName(num_layers_, "negotiation");
   }
@@ -141,7 +141,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, HybridCollective* collective,
       stall_warned_(static_cast<size_t>(num_layers_), false) {
   for (int l = 0; l < num_layers_; ++l) {
     const LayerSpec& spec = hc_->layer(l);
-    layer_names_.push_back(std::make_shared<const std::string>(spec.name));
+    link_->layer_names.push_back(spec.name);
     layer_count_.push_back(spec.NumElements());
     layer_strategy_.push_back(hc_->has_plan() ? hc_->strategy(l) : StrategyKind::kAllReduce);
   }
@@ -178,14 +178,9 @@ double Engine::shutdown_deadline_s() const {
 const Interrupt* Engine::interrupt() const { return watch_; }
 
 const std::string& Engine::LayerName(int layer) const {
-  return *SharedLayerName(layer);
-}
-
-const std::shared_ptr<const std::string>& Engine::SharedLayerName(int layer) const {
-  static const auto* unknown = new std::shared_ptr<const std::string>(
-      std::make_shared<const std::string>("?"));
+  static const std::string* const unknown = new std::string("?");
   if (layer < 0 || layer >= num_layers_) return *unknown;
-  return layer_names_[static_cast<size_t>(layer)];
+  return link_->layer_names[static_cast<size_t>(layer)];
 }
 
 HandlePtr Engine::Submit(int layer, float* grad, size_t count, int64_t step, DoneCallback done) {
@@ -209,8 +204,7 @@ Result<HandlePtr> Engine::TrySubmit(const char* call, int layer, const Gradient&
 
 HandlePtr Engine::Enqueue(const char* call, int layer, const Gradient& g, int64_t step,
                           DoneCallback done, Status* refused) {
-  auto h = std::make_shared<Handle>(layer, step, SharedLayerName(layer));
-  h->link_ = link_;
+  auto h = std::make_shared<Handle>(layer, step, link_);
   h->callback_ = std::move(done);
   // Device memory: capture the caller's stream now (the gradient is complete once the work
   // queued there so far has run) and make the handle's completion event. Only the recording

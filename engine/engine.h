@@ -248,7 +248,6 @@ class Engine {
   // Completes the entry's handle; a failure is also reported to the other ranks next cycle.
   void Finish(Entry* e, const Status& s);
   const std::string& LayerName(int layer) const;  // "?" outside 0..num_layers_-1
-  const std::shared_ptr<const std::string>& SharedLayerName(int layer) const;
   void Record(const Entry& e, const char* name, double begin_us, double end_us);
   std::vector<engine::Descriptor> WaitingDescriptors() const;
 
@@ -256,8 +255,8 @@ class Engine {
   HybridCollective* const hc_;
   const EngineOptions options_;
   const int num_layers_;
-  // Per layer, copied from the collective at construction (immutable, read by any thread).
-  std::vector<std::shared_ptr<const std::string>> layer_names_;  // shared with handles
+  // Per layer, copied from the collective at construction (immutable, read by any thread;
+  // the names are link_->layer_names, shared with the handles).
   std::vector<size_t> layer_count_;
   std::vector<StrategyKind> layer_strategy_;
   std::unique_ptr<engine::Timeline> timeline_;

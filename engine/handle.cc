@@ -10,15 +10,27 @@ namespace poseidon {
 
 thread_local bool EngineLink::busy = false;
 
-Handle::Handle(int layer, int64_t step, std::shared_ptr<const std::string> layer_name)
-    : layer_(layer), step_(step), layer_name_(std::move(layer_name)) {}
+Handle::Handle(int layer, int64_t step, std::shared_ptr<EngineLink> link)
+    : layer_(layer), step_(step), link_(std::move(link)) {}
+
+const std::string& Handle::layer_name() const {
+  static const std::string* const unknown = new std::string("?");
+  if (link_ == nullptr || layer_ < 0 || static_cast<size_t>(layer_) >= link_->layer_names.size()) {
+    return *unknown;
+  }
+  return link_->layer_names[static_cast<size_t>(layer_)];
+}
 
 Status Handle::Wait(double timeout_s) const {
   // A timeout past ~30 years (or infinite, or NaN) is "forever": converting it to a clock
   // duration would overflow and time out at once.
   constexpr double kForeverS = 1e9;
   const bool forever = timeout_s < 0 || !(timeout_s < kForeverS);
-  if (forever && link_) link_->waited.store(true, std::memory_order_relaxed);
+  if (forever && link_ && !link_->waited.load(std::memory_order_relaxed)) {
+    link_->waited.store(true, std::memory_order_relaxed);
+  }
+  // Complete: status_ is final (written before done_ was released), no lock needed.
+  if (done_.load(std::memory_order_acquire)) return status_;
   // Counted in the engine's waiters while this handle is incomplete, so the engine closes its
   // fusion window early and knows a thread waits (nothing more is coming from it). Complete
   // takes the count back at once: a woken thread not yet scheduled is no longer waiting.
@@ -40,6 +52,8 @@ Status Handle::Wait(double timeout_s) const {
     // About to sleep: tell the engine thread.
     if (helping && link_->blocked && !done_.load(std::memory_order_acquire)) link_->blocked();
   }
+  // Run here, or completed meanwhile (Complete took this thread's count back).
+  if (done_.load(std::memory_order_acquire)) return status_;
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] { return done_.load(std::memory_order_acquire); };
   if (forever) {
@@ -49,7 +63,7 @@ Status Handle::Wait(double timeout_s) const {
       --waiting_;
       link_->waiters.fetch_sub(1, std::memory_order_seq_cst);
     }
-    return TimeoutError("Handle::Wait: layer ", layer_, " (", *layer_name_, ") step ", step_,
+    return TimeoutError("Handle::Wait: layer ", layer_, " (", layer_name(), ") step ", step_,
                         " is not complete after ", timeout_s,
                         " s; the exchange goes on (wait again, or raise the timeout)");
   }
@@ -57,17 +71,13 @@ Status Handle::Wait(double timeout_s) const {
 }
 
 Status Handle::status() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!done_.load(std::memory_order_acquire)) {
-    return UnavailableError("Handle::status: layer ", layer_, " (", *layer_name_, ") step ", step_,
-                            " is still pending; expected Test() to be true first");
-  }
-  return status_;
+  if (done_.load(std::memory_order_acquire)) return status_;
+  return UnavailableError("Handle::status: layer ", layer_, " (", layer_name(), ") step ", step_,
+                          " is still pending; expected Test() to be true first");
 }
 
 void* Handle::cuda_event() const {
   if (!done_.load(std::memory_order_acquire) || done_event_ == nullptr) return nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
   return status_.ok() ? done_event_->get() : nullptr;
 }
 
@@ -77,7 +87,7 @@ Status Handle::WaitOnStream(void* stream, double timeout_s) const {
   Status s = done_event_->OrderStream(stream);
   if (!s.ok()) {
     return s.WithPrefix(
-        StrCat("Handle::WaitOnStream: layer ", layer_, " (", *layer_name_, ") step ", step_, ": "));
+        StrCat("Handle::WaitOnStream: layer ", layer_, " (", layer_name(), ") step ", step_, ": "));
   }
   return Status::Ok();
 }
@@ -103,10 +113,10 @@ void Handle::Complete(const Status& s) {
     try {
       cb(s);
     } catch (const std::exception& e) {
-      PSD_LOG(kError, "Engine: the completion callback of layer ", layer_, " (", *layer_name_,
+      PSD_LOG(kError, "Engine: the completion callback of layer ", layer_, " (", layer_name(),
               ") step ", step_, " threw: ", e.what(), " (ignored; callbacks must not throw)");
     } catch (...) {
-      PSD_LOG(kError, "Engine: the completion callback of layer ", layer_, " (", *layer_name_,
+      PSD_LOG(kError, "Engine: the completion callback of layer ", layer_, " (", layer_name(),
               ") step ", step_, " threw a non-standard exception (ignored)");
     }
   }

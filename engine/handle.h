@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/stream_sync.h"
 #include "runtime/status.h"
@@ -35,6 +36,9 @@ struct EngineLink {
   // incomplete handle (the engine thread, asleep between ticks, learns at once that nothing
   // more comes from that thread).
   std::function<void()> blocked;
+  // The engine's layer names by id, for the handles' messages: set before the first handle
+  // exists, read-only after.
+  std::vector<std::string> layer_names;
   // Set on a thread while it runs engine work (the engine thread, a waiter running an
   // exchange): a Wait from there (a completion callback) never tries to run more.
   static thread_local bool busy;
@@ -44,8 +48,8 @@ struct EngineLink {
 // while calling out).
 class Handle {
  public:
-  // layer_name is shared with the engine (no copy per submission).
-  Handle(int layer, int64_t step, std::shared_ptr<const std::string> layer_name);
+  // The name of `layer` comes from link->layer_names (no copy per submission).
+  Handle(int layer, int64_t step, std::shared_ptr<EngineLink> link);
 
   int layer() const { return layer_; }
   int64_t step() const { return step_; }
@@ -74,20 +78,20 @@ class Handle {
   friend class Engine;
   // Sets the final status (first call wins), wakes waiters, then runs the callback.
   void Complete(const Status& s);
+  const std::string& layer_name() const;
 
   const int layer_;
   const int64_t step_;
-  const std::shared_ptr<const std::string> layer_name_;
   DoneCallback callback_;  // set before the handle is shared; run once by Complete
   // Device memory: recorded on the engine's stream before Complete (set before sharing).
   std::unique_ptr<engine::Event> done_event_;
-  // Set before sharing. Its waiters count: an engine holding its fusion window open stops
-  // waiting for more layers once somebody waits for a result.
-  std::shared_ptr<EngineLink> link_;
+  // Its waiters count: an engine holding its fusion window open stops waiting for more layers
+  // once somebody waits for a result.
+  const std::shared_ptr<EngineLink> link_;
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  Status status_;  // guarded by mu_, final once done_
+  Status status_;  // guarded by mu_; once done_ is set, final and read without mu_
   mutable int waiting_ = 0;  // guarded by mu_: threads in Wait counted in link_->waiters
 };
 using HandlePtr = std::shared_ptr<Handle>;

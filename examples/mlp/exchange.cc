@@ -129,21 +129,26 @@ Status LayerExchange::Submit(int l, int64_t step) {
 }
 
 Status LayerExchange::WaitLayer(int l) {
-  const auto t0 = std::chrono::steady_clock::now();
+  // Complete already (the step's first wait ran the fused exchange): nothing to time.
+  const bool waits = (weight_handle_[l] != nullptr && !weight_handle_[l]->Test()) ||
+                     (bias_handle_[l] != nullptr && !bias_handle_[l]->Test());
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = waits ? Clock::now() : Clock::time_point();
   Status st;
   for (HandlePtr* h : {&weight_handle_[l], &bias_handle_[l]}) {
     if (*h == nullptr) continue;
     Status s = (*h)->Wait();
     if (!s.ok() && st.ok()) {
       // The engine's messages name the layer and step already ("layer 0 (fc0.weight) step 3:").
-      const bool named = s.message().find(StrCat("layer ", (*h)->layer(), " (")) != std::string::npos;
+      const bool named =
+          s.message().find(StrCat("layer ", (*h)->layer(), " (")) != std::string::npos;
       st = named ? s
                  : s.WithPrefix(StrCat("step ", (*h)->step(), ": layer ",
                                        hc_->layer((*h)->layer()).name, ": "));
     }
     h->reset();
   }
-  blocked_s_ += SecondsSince(t0);
+  if (waits) blocked_s_ += SecondsSince(t0);
   return st;
 }
 
