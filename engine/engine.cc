@@ -177,11 +177,7 @@ double Engine::shutdown_deadline_s() const {
 
 const Interrupt* Engine::interrupt() const { return watch_; }
 
-const std::string& Engine::LayerName(int layer) const {
-  static const std::string* const unknown = new std::string("?");
-  if (layer < 0 || layer >= num_layers_) return *unknown;
-  return link_->layer_names[static_cast<size_t>(layer)];
-}
+const std::string& Engine::LayerName(int layer) const { return link_->LayerName(layer); }
 
 HandlePtr Engine::Submit(int layer, float* grad, size_t count, int64_t step, DoneCallback done) {
   Gradient g;

@@ -13,12 +13,15 @@ thread_local bool EngineLink::busy = false;
 Handle::Handle(int layer, int64_t step, std::shared_ptr<EngineLink> link)
     : layer_(layer), step_(step), link_(std::move(link)) {}
 
+const std::string& EngineLink::LayerName(int layer) const {
+  static const std::string* const unknown = new std::string("?");
+  if (layer < 0 || static_cast<size_t>(layer) >= layer_names.size()) return *unknown;
+  return layer_names[static_cast<size_t>(layer)];
+}
+
 const std::string& Handle::layer_name() const {
   static const std::string* const unknown = new std::string("?");
-  if (link_ == nullptr || layer_ < 0 || static_cast<size_t>(layer_) >= link_->layer_names.size()) {
-    return *unknown;
-  }
-  return link_->layer_names[static_cast<size_t>(layer_)];
+  return link_ != nullptr ? link_->LayerName(layer_) : *unknown;
 }
 
 Status Handle::Wait(double timeout_s) const {

@@ -37,8 +37,9 @@ struct EngineLink {
   // more comes from that thread).
   std::function<void()> blocked;
   // The engine's layer names by id, for the handles' messages: set before the first handle
-  // exists, read-only after.
+  // exists, read-only after. LayerName: "?" outside 0..layer_names.size()-1.
   std::vector<std::string> layer_names;
+  const std::string& LayerName(int layer) const;
   // Set on a thread while it runs engine work (the engine thread, a waiter running an
   // exchange): a Wait from there (a completion callback) never tries to run more.
   static thread_local bool busy;
