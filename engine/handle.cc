@@ -13,15 +13,20 @@ thread_local bool EngineLink::busy = false;
 Handle::Handle(int layer, int64_t step, std::shared_ptr<EngineLink> link)
     : layer_(layer), step_(step), link_(std::move(link)) {}
 
-const std::string& EngineLink::LayerName(int layer) const {
+namespace {
+const std::string& UnknownLayerName() {
   static const std::string* const unknown = new std::string("?");
-  if (layer < 0 || static_cast<size_t>(layer) >= layer_names.size()) return *unknown;
+  return *unknown;
+}
+}  // namespace
+
+const std::string& EngineLink::LayerName(int layer) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= layer_names.size()) return UnknownLayerName();
   return layer_names[static_cast<size_t>(layer)];
 }
 
 const std::string& Handle::layer_name() const {
-  static const std::string* const unknown = new std::string("?");
-  return link_ != nullptr ? link_->LayerName(layer_) : *unknown;
+  return link_ != nullptr ? link_->LayerName(layer_) : UnknownLayerName();
 }
 
 Status Handle::Wait(double timeout_s) const {
