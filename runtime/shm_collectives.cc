@@ -38,7 +38,7 @@
 // sched_yield for up to 200 us (a runnable peer gets the core at once), then sleep on the peer's
 // word with a futex (shared, not private: the word lives in a mapping of several processes),
 // checking the caller's interrupt, if any, at every wake.
-// Outputs of 4 MiB and more are written with streaming stores (no read-for-ownership).
+// Outputs of 32 MiB and more are written with streaming stores (kStreamOutputBytes).
 #include "runtime/shm_collectives.h"
 
 #include <linux/futex.h>

@@ -177,6 +177,27 @@ TEST(ShmReduceSum, SumsInRankOrderAndAllowsAliasing) {
   EXPECT_EQ(sum[7], int64_t{1} << 41);
 }
 
+// The streaming copy-out (outputs of kStreamOutputBytes and more, which the collectives' tests
+// do not reach): every byte lands, whatever the destination's alignment and the length's tail.
+TEST(ShmCopyOut, StreamingCopiesEveryByteAtAnyAlignment) {
+  const size_t n = 4099;  // 64-byte blocks plus a tail
+  std::vector<unsigned char> src(n + 64), dst(n + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t shift : {0, 1, 5, 15, 16, 33}) {
+    for (size_t len : {size_t{0}, size_t{255}, size_t{256}, size_t{1000}, n}) {
+      std::fill(dst.begin(), dst.end(), 0xEE);
+      CopyOut(dst.data() + shift, src.data() + 3, len, true);
+      StreamFence();
+      ASSERT_EQ(std::memcmp(dst.data() + shift, src.data() + 3, len), 0)
+          << "shift " << shift << " len " << len;
+      for (size_t i = 0; i < shift; ++i) ASSERT_EQ(dst[i], 0xEE) << "before, shift " << shift;
+      for (size_t i = shift + len; i < dst.size(); ++i) {
+        ASSERT_EQ(dst[i], 0xEE) << "after, shift " << shift << " len " << len;
+      }
+    }
+  }
+}
+
 // ---- The agreement carried in the window (ShmCollectives "Agreement"). ----
 // Every case: one rank (the last) disagrees; every rank fails the same way at once, and the
 // window stays usable for the next call (checked with an exact allreduce after each).
