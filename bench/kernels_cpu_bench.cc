@@ -350,6 +350,22 @@ void BM_SgdStep(benchmark::State& state) {
 }
 BENCHMARK(BM_SgdStep)->Apply(Sizes);
 
+// One summed gradient, plain momentum: the step the engine's fused exchange takes from the
+// window's sum (a single pass, optimizer.cc).
+void BM_SgdStepOneGradient(benchmark::State& state) {
+  const size_t n = state.range(0);
+  std::vector<float> grad = RandomFloats(n, 14), p = RandomFloats(n, 15), v(n, 0.0f);
+  SgdParams sp;
+  sp.momentum = 0.9f;
+  for (auto _ : state) {
+    Status s = K().SgdStep(p.data(), grad.data(), 1, n, 0.25f, v.data(), n, sp, nullptr);
+    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 4 * 5);
+}
+BENCHMARK(BM_SgdStepOneGradient)->Apply(Sizes);
+
 void BM_AdamStep(benchmark::State& state) {
   const size_t n = state.range(0);
   std::vector<float> grads = RandomFloats(kPieces * n, 12), p = RandomFloats(n, 13);

@@ -44,6 +44,21 @@ void SgdStep(float* param, const float* grads, int num_grads, size_t grad_stride
   const float lr = p.lr;
   const float mu = p.momentum;
   const float wd = p.weight_decay;
+  if (num_grads == 1 && wd == 0.0f && mu != 0.0f && !p.nesterov) {
+    // The common step (one summed gradient, plain momentum): one pass over g, v and p with the
+    // same operations in the same order as the blocks below, so the same bits. It runs on the
+    // window's sum in the engine's fused exchange, where the extra passes through the block
+    // cost ~40% of the step.
+    const float* __restrict g = grads;
+    float* __restrict pp = param;
+    float* __restrict vv = velocity;
+    for (size_t j = 0; j < n; ++j) {
+      const float v = mu * vv[j] + g[j] * grad_scale;
+      vv[j] = v;
+      pp[j] = pp[j] - lr * v;
+    }
+    return;
+  }
   alignas(64) float acc[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     const size_t len = std::min(kBlock, n - base);
