@@ -1,5 +1,7 @@
 #include "runtime/mpi_backend.h"
 
+#include <unistd.h>
+
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -94,13 +96,17 @@ Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
   const Knobs& k = knobs();
   if (k.shm_threshold <= 0 || shm_multi_node_) return static_cast<ShmCollectives*>(nullptr);
   const long long chunk = k.shm_chunk;
-  if (shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk) return shm_.get();
+  const size_t single = static_cast<size_t>(k.shm_single_copy);
+  if (shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk &&
+      shm_->single_copy_requested() == single) {
+    return shm_.get();
+  }
   // Freeing and creating the window (MPI_Win_free, MPI_Comm_split_type,
   // MPI_Win_allocate_shared) only block.
   PSD_CHECK(MeetBeforeBlocking(how));
   shm_.reset();  // collective: every rank reaches this point with the same settings
   return Adopt(ShmCollectives::Create(comm_, chunk < 0 ? 0 : static_cast<size_t>(chunk),
-                                      k.shm_timeout_s),
+                                      k.shm_timeout_s, single),
                &shm_, &shm_multi_node_);
 }
 
@@ -110,6 +116,13 @@ const MpiBackend::Knobs& MpiBackend::knobs() {
     knobs_.version = v;
     knobs_.shm_threshold = settings::ShmThresholdBytes();
     knobs_.shm_chunk = settings::ShmChunkBytes();
+    // Single-copy allgathers only where every rank has a core: with more ranks than cores they
+    // were no faster than the window (runtime/shm_collectives.cc). The whole communicator is
+    // on this node whenever the window exists, so every rank decides alike. (Counting the
+    // cores reads a file: here, not per call.)
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long long single = settings::ShmSingleCopyBytes();
+    knobs_.shm_single_copy = single <= 0 || (cores > 0 && size_ > cores) ? 0 : single;
     knobs_.shm_timeout_s = settings::ShmTimeoutS();
     knobs_.check_args = settings::CheckArgs();
     knobs_.hier_bytes = settings::HierAllReduceBytes();

@@ -144,6 +144,7 @@ class MpiBackend : public CheckedBackend {
     uint64_t version = ~uint64_t{0};
     long long shm_threshold = 0;
     long long shm_chunk = 0;
+    long long shm_single_copy = 0;  // 0 where ranks outnumber cores, whatever the setting
     double shm_timeout_s = 0;
     bool check_args = true;
     long long hier_bytes = 0;

@@ -29,6 +29,16 @@
 // 10 ms) and, when it turns non-OK, returns its status ("AllReduce: <message>") and marks the
 // window unusable as well: the peers are left mid-collective, in an unknown state.
 //
+// Single copy: AllGather(V) of at least single_copy_bytes (Create) and below 32 MiB skips the
+// window. Every rank puts the address of its input in its call descriptor, and after the
+// agreement each rank reads its peers' inputs straight into its output with process_vm_readv
+// (Linux cross-memory attach: one copy in the kernel instead of a copy into the window and
+// another out of it); a second Sync keeps every rank in the call until every peer has read its
+// input. Create tries one such read between neighbours and leaves the path off on every rank
+// when the kernel refuses it on any (ptrace rules, seccomp, separate pid namespaces). A read
+// that fails mid-call is named in the descriptor before the second Sync, so every rank returns
+// the same error.
+//
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
 // (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
 // every rank and do not depend on the chunk size.
@@ -41,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/arg_check.h"
@@ -54,10 +65,13 @@ class ShmCollectives {
  public:
   // Collective over comm (every rank must call it). Returns kUnavailable on every rank when
   // comm spans more than one node (the caller then uses plain MPI), kInvalidArgument when
-  // chunk_bytes < 4096, kMismatch when ranks pass different chunk sizes, kBackendError when
-  // MPI cannot allocate the window. timeout_s <= 0 waits forever.
+  // chunk_bytes < 4096, kMismatch when ranks pass different chunk sizes or single-copy
+  // thresholds, kBackendError when MPI cannot allocate the window. timeout_s <= 0 waits forever.
+  // single_copy_bytes: the smallest AllGather(V) (bytes of the gathered buffer) read straight
+  // from the peers' memory (see "Single copy" above); 0: never.
   static Result<std::unique_ptr<ShmCollectives>> Create(MPI_Comm comm, size_t chunk_bytes,
-                                                        double timeout_s);
+                                                        double timeout_s,
+                                                        size_t single_copy_bytes = 0);
   // Frees the window and the node communicator; collective (every rank destroys its object at
   // the same point, as the backend destructor does). Does nothing after MPI_Finalize.
   ~ShmCollectives();
@@ -98,6 +112,11 @@ class ShmCollectives {
   // True once a call timed out or was interrupted: every later call fails with kAborted.
   bool broken() const { return !failure_.ok(); }
   size_t chunk_bytes() const { return chunk_bytes_; }
+  // The single-copy threshold asked of Create, and the one in force: 0 when none was asked, or
+  // when the probe turned it off (single_copy_note() then says why).
+  size_t single_copy_requested() const { return single_copy_requested_; }
+  size_t single_copy_bytes() const { return single_copy_bytes_; }
+  const std::string& single_copy_note() const { return single_copy_note_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
 
@@ -115,6 +134,16 @@ class ShmCollectives {
   Status CheckUsable(const char* call) const;
   // AllGather(V)'s data path, after the checks: counts == nullptr gives every rank `uniform`
   // elements at offset r * uniform; otherwise counts[r] at offsets[r].
+  // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's
+  // read succeeds.
+  Status ProbeSingleCopy();
+  // After a single-copy call's reads: record this rank's outcome (err: an errno, 0 when every
+  // read succeeded; from: the rank it failed to read), Sync so that no sender leaves while a
+  // receiver still reads, then the same verdict on every rank from every rank's outcome.
+  Status FinishSingleCopy(const char* call, const Interrupt* interrupt, int err, int from);
+  Status GatherDirect(const void* send, void* recv, size_t uniform, const size_t* counts,
+                      const size_t* offsets, DType dtype, const Interrupt* interrupt,
+                      const CollectiveArgs& a);
   Status GatherRounds(const void* send, void* recv, size_t uniform, const size_t* counts,
                       const size_t* offsets, DType dtype, const Interrupt* interrupt,
                       const CollectiveArgs& a);
@@ -128,6 +157,10 @@ class ShmCollectives {
   std::vector<const void*> srcs_;  // one source per rank, for the sums (no per-call allocation)
   size_t chunk_bytes_ = 0;
   size_t slot_bytes_ = 0;
+  size_t single_copy_requested_ = 0;
+  size_t single_copy_bytes_ = 0;  // 0: the single-copy path is off
+  std::string single_copy_note_;
+  std::vector<int> pids_;  // every node rank's process id (single copy only)
   double timeout_s_ = 0;
   double spin_s_ = 0;  // seconds of polling before sleeping; 0 when ranks outnumber cores
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep

@@ -2,6 +2,8 @@
 // forced on), their error cases, ShmReduceSum, and the argument agreement carried in the window.
 // Exact values and rank checks as in shm_collectives_test.cc (the same test executable).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -137,6 +139,73 @@ TEST(ShmErrors, MissingPeerTimesOutAndNamesIt) {
   }
   MPI_Barrier(World()->mpi_comm());
   shm.reset();  // collective: every rank frees the window together
+}
+
+TEST(ShmErrors, SingleCopyMismatchFailsOnEveryRank) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto s = ShmCollectives::Create(World()->mpi_comm(), 8192, 10.0,
+                                  World()->rank() == 1 ? 65536 : 32768);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kMismatch);
+  EXPECT_NE(s.status().message().find("POSEIDON_SHM_SINGLE_COPY_BYTES differs across ranks (" +
+                                      testing::OneOddGroups(1, "32768", "65536") + ")"),
+            std::string::npos)
+      << s.status().message();
+}
+
+// The single-copy allgather (runtime/shm_collectives.h, "Single copy").
+class ShmSingleCopy : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+    auto s = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0, 1);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    shm_ = std::move(s).value();
+    if (shm_->single_copy_bytes() == 0) {
+      GTEST_SKIP() << "this kernel refuses the single-copy path: " << shm_->single_copy_note();
+    }
+  }
+  void TearDown() override { shm_.reset(); }
+  std::unique_ptr<ShmCollectives> shm_;
+};
+
+// Ranks of one job under one user may read each other's memory on Linux unless ptrace rules
+// or seccomp forbid it: the probe must not turn the path off for no reason. Every rank reaches
+// the same verdict.
+TEST_F(ShmSingleCopy, ProbeTurnsItOnEverywhere) {
+  EXPECT_EQ(shm_->single_copy_requested(), 1u);
+  EXPECT_TRUE(OnEveryRank(shm_->single_copy_bytes() == 1u));
+  EXPECT_TRUE(shm_->single_copy_note().empty()) << shm_->single_copy_note();
+}
+
+// One rank's input lies in memory it cannot be read from (an unmapped page, as after a buffer
+// freed too early): every rank fails the call with the same error naming that rank, nothing
+// crashes, and the next call works. The rank gathers in place, so it never touches the page
+// itself.
+TEST_F(ShmSingleCopy, UnreadableInputOnOneRankFailsEveryRankAlike) {
+  const int p = World()->size(), me = World()->rank(), bad = p - 1;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t n = page / sizeof(float);
+  void* map = mmap(nullptr, page * static_cast<size_t>(p), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  float* recv = static_cast<float*>(map);
+  float* mine = recv + static_cast<size_t>(me) * n;
+  for (size_t i = 0; i < n; ++i) mine[i] = static_cast<float>(me + 1);
+  if (me == bad) ASSERT_EQ(munmap(mine, page), 0);
+  Status st = shm_->AllGather(mine, recv, n, DType::kFloat32);
+  EXPECT_EQ(st.code(), StatusCode::kBackendError) << st.ToString();
+  EXPECT_NE(st.message().find(StrCat("could not read node rank ", bad, "'s buffer")),
+            std::string::npos)
+      << st.message();
+  char text[256] = {};
+  std::strncpy(text, st.ToString().c_str(), sizeof(text) - 1);
+  EXPECT_TRUE(SameOnEveryRank(text, sizeof(text))) << st.ToString();
+  // The window is still in step: a good gather works.
+  std::vector<float> send(16, static_cast<float>(me + 1)), all(16 * static_cast<size_t>(p));
+  ASSERT_TRUE(OkOnEveryRank(shm_->AllGather(send.data(), all.data(), 16, DType::kFloat32)));
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], static_cast<float>(i / 16 + 1));
+  munmap(map, page * static_cast<size_t>(p));  // the unmapped page, if any, is skipped
 }
 
 TEST(ShmErrors, BadChunkSettingIsReportedByTheBackend) {

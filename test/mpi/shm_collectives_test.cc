@@ -114,16 +114,21 @@ void FillX(Buf* b, int rank, size_t n) {
 struct Case {
   DType dtype;
   size_t chunk_bytes;
+  size_t single_copy_bytes;  // Create's; 1: every gather that moves data reads peers directly
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  return DTypeName(info.param.dtype) + "_chunk" + std::to_string(info.param.chunk_bytes);
+  return DTypeName(info.param.dtype) + "_chunk" + std::to_string(info.param.chunk_bytes) +
+         (info.param.single_copy_bytes > 0 ? "_single_copy" : "");
 }
 
+// Both chunk sizes through the window, and the 1 MiB chunk with every allgather read straight
+// from the peers (where this kernel allows it: ShmSingleCopy.ProbeTurnsItOnHere says).
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (DType d : kAllTypes) {
-    for (size_t c : {size_t{4096}, size_t{1} << 20}) cases.push_back({d, c});
+    for (size_t c : {size_t{4096}, size_t{1} << 20}) cases.push_back({d, c, 0});
+    cases.push_back({d, size_t{1} << 20, 1});
   }
   return cases;
 }
@@ -140,7 +145,8 @@ std::vector<size_t> Counts(const Case& c) {
 class ShmDirect : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    auto s = ShmCollectives::Create(World()->mpi_comm(), GetParam().chunk_bytes, 60.0);
+    auto s = ShmCollectives::Create(World()->mpi_comm(), GetParam().chunk_bytes, 60.0,
+                                    GetParam().single_copy_bytes);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     shm_ = std::move(s).value();
   }
