@@ -109,7 +109,8 @@ TEST_F(Agreement, AgreedSettingsAreTheDeclaredOnes) {
                                       "POSEIDON_DEVICE_BACKEND",       "POSEIDON_SLICE_BYTES",
                                       "POSEIDON_PIPELINE_NEGOTIATION", "POSEIDON_PEER_TIMEOUT_S",
                                       "POSEIDON_RESPONSE_CACHE",
-                                      "POSEIDON_HIER_ALLREDUCE_BYTES"};
+                                      "POSEIDON_HIER_ALLREDUCE_BYTES",
+                                      "POSEIDON_SHM_SINGLE_COPY_BYTES"};
   std::set<std::string> got;
   for (const auto& v : AgreedSettings()) got.insert(v.name);
   EXPECT_EQ(got, want);
