@@ -72,6 +72,27 @@ PYBIND11_MODULE(_poseidon, m) {
         Check(psdFinalize());
       },
       "Destroys every communicator; finalizes MPI if init() started it.");
+  // For poseidon._finalize_at_exit: this process's rank in MPI_COMM_WORLD and its size (0 and 1
+  // when MPI is not running), and MPI_Abort on the world (does not return while MPI runs).
+  auto mpi_running = [] {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    return initialized && !finalized;
+  };
+  m.def("_world_rank", [mpi_running] {
+    int rank = 0;
+    if (mpi_running()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
+  });
+  m.def("_world_size", [mpi_running] {
+    int size = 1;
+    if (mpi_running()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    return size;
+  });
+  m.def("_abort", [mpi_running](int code) {
+    if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, code);
+  });
   m.def("version", [] {
     int v = 0;
     Check(psdGetVersion(&v));

@@ -125,6 +125,18 @@ def driver(mpirun):
                                   "else 0)"], env)
     check(rc == 3, "a rank's exit code 3 is the launcher's (got %d: %s)" % (rc, out[-500:]))
 
+    # A rank that dies on an uncaught exception while its peer waits in a collective ends the
+    # job at once, naming itself, instead of both waiting for each other at exit (the peer in
+    # its allreduce, the dying rank in the window's collective free).
+    rc, out, secs = launcher(base + ["-np", "2", "--timeout", "100", sys.executable, "-c",
+                                     "import numpy as np, poseidon; c = poseidon.init(); "
+                                     "x = np.ones(1 << 16, np.float32); c.allreduce(x, x)\n"
+                                     "if c.rank == 1: raise KeyError('lost batch')\n"
+                                     "c.allreduce(x, x)"], env)
+    check(rc != 0 and rc != 124 and secs < 30 and
+          "rank 1 is exiting on an uncaught KeyError ('lost batch')" in out,
+          "an uncaught exception on rank 1: exit %d after %.1f s (%s)" % (rc, secs, out[-800:]))
+
     # --timeout stops the whole job and exits with 124.
     rc, out, secs = launcher(base + ["-np", "2", "--timeout", "2", sys.executable, "-c",
                                      "import time; time.sleep(60)"], env)

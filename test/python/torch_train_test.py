@@ -119,8 +119,11 @@ def main():
         failures.append("topk accuracy %.3f vs dense %.3f" % (acc_topk, acc_dense))
 
     dist.destroy_process_group()
-    if rank == 0 and os.path.exists(path):
-        os.unlink(path)
+    if rank == 0:
+        try:  # gloo's file store may have removed it already
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
     bad = hvd.allreduce(torch.tensor([float(len(failures))]), op=hvd.Sum).item()
     for f in failures:
         print("rank %d: FAIL %s" % (rank, f), file=sys.stderr)

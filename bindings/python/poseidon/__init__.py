@@ -21,6 +21,7 @@ POSEIDON_PEER_TIMEOUT_S (frozen, dead or cut off; the message names its rank and
 job is ending.
 """
 import atexit as _atexit
+import sys as _sys
 
 try:  # installed with pip: the extension lives inside the package
     from . import _poseidon as _ext
@@ -47,6 +48,30 @@ __version__ = "%d.%d.%d" % (VERSION_CODE // 10000, VERSION_CODE // 100 % 100, VE
 
 _world = None
 _finalize_registered = False
+# The exception that is ending this interpreter, if one is (see _finalize_at_exit).
+_uncaught = None
+_previous_excepthook = None
+
+
+def _excepthook(kind, value, traceback):
+    global _uncaught
+    _uncaught = (kind, value)
+    (_previous_excepthook or _sys.__excepthook__)(kind, value, traceback)
+
+
+def _finalize_at_exit():
+    """At interpreter exit: finalize(), unless an uncaught exception is ending this rank. Then
+    its peers may be inside a collective that this rank will never join, and tearing the
+    communicators down (collective: the shared-memory window's free, MPI_Finalize) would wait
+    for them while they wait for it. So the job is ended instead, as mpirun ends it when a rank
+    exits with an error: MPI_Abort, after a line naming this rank and the exception."""
+    if _uncaught is not None and _ext._world_size() > 1:
+        kind, value = _uncaught
+        print("poseidon: rank %d is exiting on an uncaught %s (%s); aborting the job (MPI_Abort) "
+              "so that no other rank waits for it in a collective"
+              % (_ext._world_rank(), kind.__name__, value), file=_sys.stderr, flush=True)
+        _ext._abort(1)
+    finalize()
 
 
 def _mpi_handle(comm):
@@ -71,11 +96,13 @@ def init(comm=None):
     """Initializes MPI (MPI_THREAD_MULTIPLE) unless it already is (e.g. by mpi4py), and returns
     the world communicator, or one over ``comm`` (an mpi4py communicator). Safe to call again:
     the world communicator is made once."""
-    global _world, _finalize_registered
+    global _world, _finalize_registered, _previous_excepthook
     _ext.init()
     if not _finalize_registered:
         # Communicators must go before MPI_Finalize; finalize() also ends MPI if we started it.
-        _atexit.register(finalize)
+        _atexit.register(_finalize_at_exit)
+        _previous_excepthook = _sys.excepthook
+        _sys.excepthook = _excepthook
         _finalize_registered = True
     if comm is not None:
         return Comm(_mpi_handle(comm))
