@@ -38,9 +38,8 @@
 // peer's part with process_vm_readv, peers in the order rank+1, rank+2, ... so that they do not
 // all start on the same one; each rank records its outcome in its descriptor; Sync; every rank
 // returns the first failure recorded, or OK. Two Syncs whatever the size, one copy of each byte.
-// Measured here (2 cores, bench/RESULTS.md): at P = 2 32 KiB - 8 MiB gathers ran 1.1-1.9x
-// faster than through the window and 16 MiB the same; from 32 MiB the window's streaming stores
-// win. With ranks outnumbering cores (P = 4, 8 here) it was no faster (MpiBackend then asks for
+// Measured here (2 cores, bench/RESULTS.md): at P = 2 gathers of 32 KiB - 16 MiB ran 1.1-2.0x
+// faster than through the window; at 32 MiB the window's streaming stores won. With ranks outnumbering cores (P = 4, 8 here) it was no faster (MpiBackend then asks for
 // none), and broadcasts this way (every receiver reading the root's pages at once) ran 1.6-2.5x
 // slower at every P, so Broadcast keeps the window.
 //
