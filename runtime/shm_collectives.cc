@@ -39,9 +39,10 @@
 // all start on the same one; each rank records its outcome in its descriptor; Sync; every rank
 // returns the first failure recorded, or OK. Two Syncs whatever the size, one copy of each byte.
 // Measured here (2 cores, bench/RESULTS.md): at P = 2 gathers of 32 KiB - 16 MiB ran 1.1-2.0x
-// faster than through the window; at 32 MiB the window's streaming stores won. With ranks outnumbering cores (P = 4, 8 here) it was no faster (MpiBackend then asks for
-// none), and broadcasts this way (every receiver reading the root's pages at once) ran 1.6-2.5x
-// slower at every P, so Broadcast keeps the window.
+// faster than through the window; at 32 MiB the window's streaming stores won. With ranks
+// outnumbering cores (P = 4, 8 here) it was no faster (MpiBackend then asks for none), and
+// broadcasts this way (every receiver reading the root's pages at once) ran 1.6-2.5x slower at
+// every P, so Broadcast keeps the window.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
 // every peer's count: poll for up to 5 us when each rank has a core, then poll with
@@ -152,7 +153,9 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
     const char* name = i == 0 ? "POSEIDON_SHM_CHUNK_BYTES" : "POSEIDON_SHM_SINGLE_COPY_BYTES";
     std::vector<uint64_t> all(static_cast<size_t>(size));
     rc = MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, s->local_);
-    if (rc != MPI_SUCCESS) return MpiError(StrCat("ShmCollectives: MPI_Allgather(", name, ")").c_str(), rc);
+    if (rc != MPI_SUCCESS) {
+      return MpiError(StrCat("ShmCollectives: MPI_Allgather(", name, ")").c_str(), rc);
+    }
     std::vector<std::optional<std::string>> values;
     for (uint64_t v : all) values.push_back(std::to_string(v));
     return MismatchError("ShmCollectives: ", name, " differs across ranks (",

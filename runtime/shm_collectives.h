@@ -132,8 +132,6 @@ class ShmCollectives {
   // A call's first step: publish args, Sync, compare every rank's descriptor (see the top).
   Status Enter(const CollectiveArgs& args, const Interrupt* interrupt);
   Status CheckUsable(const char* call) const;
-  // AllGather(V)'s data path, after the checks: counts == nullptr gives every rank `uniform`
-  // elements at offset r * uniform; otherwise counts[r] at offsets[r].
   // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's
   // read succeeds.
   Status ProbeSingleCopy();
@@ -141,6 +139,10 @@ class ShmCollectives {
   // read succeeded; from: the rank it failed to read), Sync so that no sender leaves while a
   // receiver still reads, then the same verdict on every rank from every rank's outcome.
   Status FinishSingleCopy(const char* call, const Interrupt* interrupt, int err, int from);
+  // AllGather(V)'s data paths, after the checks (GatherRounds through the window, GatherDirect
+  // by single copy; GatherRounds hands over to GatherDirect where it applies): counts == nullptr
+  // gives every rank `uniform` elements at offset r * uniform; otherwise counts[r] at
+  // offsets[r].
   Status GatherDirect(const void* send, void* recv, size_t uniform, const size_t* counts,
                       const size_t* offsets, DType dtype, const Interrupt* interrupt,
                       const CollectiveArgs& a);
