@@ -610,7 +610,7 @@ Status ShmCollectives::AllGather(const void* send, void* recv, size_t count, DTy
   if (!a.local.ok() || !own.local.ok() || count == 0) return Enter(a, interrupt);
   // Every rank's count is this one: no counts vector, no offsets (small gathers are all
   // per-call overhead).
-  return GatherRounds(send, recv, count, nullptr, nullptr, dtype, interrupt, a);
+  return GatherRounds(send, recv, {count, nullptr, nullptr}, dtype, interrupt, a);
 }
 
 Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
@@ -625,48 +625,46 @@ Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vecto
   PSD_CHECK(CheckUsable(a.call));
   if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
   const std::vector<size_t> off = PrefixOffsets(counts);
-  return GatherRounds(send, recv, 0, counts.data(), off.data(), dtype, interrupt, a);
+  return GatherRounds(send, recv, {0, counts.data(), off.data()}, dtype, interrupt, a);
 }
 
-Status ShmCollectives::GatherRounds(const void* send, void* recv, size_t uniform,
-                                    const size_t* counts, const size_t* offsets, DType dtype,
-                                    const Interrupt* interrupt, const CollectiveArgs& a) {
-  auto count_of = [&](int r) { return counts ? counts[r] : uniform; };
-  auto offset_of = [&](int r) { return offsets ? offsets[r] : static_cast<size_t>(r) * uniform; };
+Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLayout& layout,
+                                    DType dtype, const Interrupt* interrupt,
+                                    const CollectiveArgs& a) {
   size_t largest = 0, total = 0;
   for (int r = 0; r < size_; ++r) {
-    largest = std::max(largest, count_of(r));
-    total += count_of(r);
+    largest = std::max(largest, layout.count(r));
+    total += layout.count(r);
   }
   const size_t es = DTypeSize(dtype);
+  const size_t count = layout.count(rank_);
+  const unsigned char* in = static_cast<const unsigned char*>(send);
+  unsigned char* out = static_cast<unsigned char*>(recv);
+  // My own part never goes through the window.
+  unsigned char* my_out = out + layout.offset(rank_) * es;
+  if (count > 0 && my_out != in) std::memmove(my_out, in, count * es);
   if (single_copy_bytes_ > 0 && total * es >= single_copy_bytes_ &&
       total * es < kStreamOutputBytes) {
-    return GatherDirect(send, recv, uniform, counts, offsets, dtype, interrupt, a);
+    return GatherDirect(send, recv, layout, dtype, interrupt, a);
   }
   // Rounds of at most kGatherRoundBytes per rank, whatever the slot: a round's copies (mine
   // in, every peer's out) then stay within a core's L2 cache.
   const size_t per_round = std::min(slot_bytes_, kGatherRoundBytes) / es;
   const size_t rounds = (largest + per_round - 1) / per_round;
-  const size_t count = count_of(rank_);
-  const unsigned char* in = static_cast<const unsigned char*>(send);
-  unsigned char* out = static_cast<unsigned char*>(recv);
   const bool stream = total * es >= kStreamOutputBytes;
   auto piece_len = [&](size_t c, size_t k) {
     size_t start = k * per_round;
     return start >= c ? 0 : std::min(per_round, c - start);
   };
-  // My own part never goes through the window.
-  unsigned char* my_out = out + offset_of(rank_) * es;
-  if (count > 0 && my_out != in) std::memmove(my_out, in, count * es);
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;
     const size_t len = piece_len(count, k);
     if (len > 0) std::memcpy(Slot(rank_, stage), in + k * per_round * es, len * es);
     PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(a.call, interrupt));
     for (int r = 0; r < size_; ++r) {
-      const size_t n = piece_len(count_of(r), k);
+      const size_t n = piece_len(layout.count(r), k);
       if (r == rank_ || n == 0) continue;
-      CopyOut(out + (offset_of(r) + k * per_round) * es, Slot(r, stage), n * es, stream);
+      CopyOut(out + (layout.offset(r) + k * per_round) * es, Slot(r, stage), n * es, stream);
     }
   }
   if (stream) StreamFence();
@@ -674,26 +672,22 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, size_t uniform
   return Status::Ok();
 }
 
-Status ShmCollectives::GatherDirect(const void* send, void* recv, size_t uniform,
-                                    const size_t* counts, const size_t* offsets, DType dtype,
-                                    const Interrupt* interrupt, const CollectiveArgs& a) {
-  auto count_of = [&](int r) { return counts ? counts[r] : uniform; };
-  auto offset_of = [&](int r) { return offsets ? offsets[r] : static_cast<size_t>(r) * uniform; };
+Status ShmCollectives::GatherDirect(const void* send, void* recv, const GatherLayout& layout,
+                                    DType dtype, const Interrupt* interrupt,
+                                    const CollectiveArgs& a) {
   const size_t es = DTypeSize(dtype);
   unsigned char* out = static_cast<unsigned char*>(recv);
-  Descriptor* mine = Desc(rank_, calls_);  // the descriptor Enter publishes
-  mine->source = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(send));
-  unsigned char* my_out = out + offset_of(rank_) * es;
-  if (count_of(rank_) > 0 && my_out != send) std::memmove(my_out, send, count_of(rank_) * es);
+  // The descriptor Enter publishes carries my input's address.
+  Desc(rank_, calls_)->source = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(send));
   PSD_CHECK(Enter(a, interrupt));
   const uint64_t index = calls_ - 1;
   int err = 0, from = -1;
   for (int j = 1; j < size_ && err == 0; ++j) {
     const int r = (rank_ + j) % size_;
-    const size_t n = count_of(r);
+    const size_t n = layout.count(r);
     if (n == 0) continue;
-    err = ReadPeer(pids_[static_cast<size_t>(r)], out + offset_of(r) * es, Desc(r, index)->source,
-                   n * es);
+    err = ReadPeer(pids_[static_cast<size_t>(r)], out + layout.offset(r) * es,
+                   Desc(r, index)->source, n * es);
     if (err != 0) from = r;
   }
   return FinishSingleCopy(a.call, interrupt, err, from);

@@ -139,16 +139,22 @@ class ShmCollectives {
   // read succeeded; from: the rank it failed to read), Sync so that no sender leaves while a
   // receiver still reads, then the same verdict on every rank from every rank's outcome.
   Status FinishSingleCopy(const char* call, const Interrupt* interrupt, int err, int from);
-  // AllGather(V)'s data paths, after the checks (GatherRounds through the window, GatherDirect
-  // by single copy; GatherRounds hands over to GatherDirect where it applies): counts == nullptr
-  // gives every rank `uniform` elements at offset r * uniform; otherwise counts[r] at
-  // offsets[r].
-  Status GatherDirect(const void* send, void* recv, size_t uniform, const size_t* counts,
-                      const size_t* offsets, DType dtype, const Interrupt* interrupt,
-                      const CollectiveArgs& a);
-  Status GatherRounds(const void* send, void* recv, size_t uniform, const size_t* counts,
-                      const size_t* offsets, DType dtype, const Interrupt* interrupt,
-                      const CollectiveArgs& a);
+  // Where each rank's part of an AllGather(V) lies: counts == nullptr gives every rank
+  // `uniform` elements at offset r * uniform; otherwise counts[r] at offsets[r].
+  struct GatherLayout {
+    size_t uniform;
+    const size_t* counts;
+    const size_t* offsets;
+    size_t count(int r) const { return counts ? counts[r] : uniform; }
+    size_t offset(int r) const { return offsets ? offsets[r] : static_cast<size_t>(r) * uniform; }
+  };
+  // AllGather(V)'s data path, after the checks: copies this rank's own part, then moves the
+  // peers' parts through the window in rounds, or hands them to GatherDirect (single copy)
+  // where that applies.
+  Status GatherRounds(const void* send, void* recv, const GatherLayout& layout, DType dtype,
+                      const Interrupt* interrupt, const CollectiveArgs& a);
+  Status GatherDirect(const void* send, void* recv, const GatherLayout& layout, DType dtype,
+                      const Interrupt* interrupt, const CollectiveArgs& a);
 
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
