@@ -244,6 +244,19 @@ TEST_P(ShmDirect, MixedSequenceKeepsStagesApart) {
       Buf rs(dt, counts[static_cast<size_t>(rank())]);
       st = shm_->ReduceScatter(g.data(), rs.data(), counts, dt);
       EXPECT_TRUE(st.ok()) << st.ToString();
+      // Two broadcasts from different roots, each of several rounds at the 4 KiB chunk, between
+      // the other calls: a root's slots rotate through the same stages as the others' do.
+      const size_t bn = 3 * n + 1;
+      for (int k = 0; k < 2; ++k) {
+        const int root = (round + k) % size();
+        Buf b(dt, bn);
+        for (size_t i = 0; i < bn; ++i) b.Set(i, rank() == root ? (root + 2) * F(i + round) : -1);
+        st = shm_->Broadcast(b.data(), bn, dt, root);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+        EXPECT_TRUE(AllEqual(bn, [&](size_t i) { return b.Get(i); },
+                             [&](size_t i) { return Exact(dt, (root + 2) * F(i + round)); }))
+            << "root " << root;
+      }
       EXPECT_TRUE(AllEqual(n, [&](size_t i) { return ar.Get(i); },
                            [&](size_t i) { return Exact(dt, Tri() * F(i + round)); }));
       EXPECT_TRUE(AllEqual(n * p, [&](size_t i) { return g.Get(i); },
