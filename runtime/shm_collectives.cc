@@ -390,14 +390,18 @@ Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interr
   // Every rank reads the same descriptors, so every rank reaches the same verdict.
   const Descriptor* first = Desc(0, call);
   std::string differing;
+  bool any_bad = false;
   for (int r = 0; r < size_; ++r) {
     const Descriptor* d = Desc(r, call);
     records_[static_cast<size_t>(r)] = d->record;
-    if (r == 0 || std::strncmp(d->call, first->call, sizeof(d->call)) != 0) {
-      if (r != 0) differing += StrCat(", rank ", r, ": ", ReadString(d->call, sizeof(d->call)));
+    any_bad = any_bad || d->record.bad != 0;
+    if (r != 0 && std::strncmp(d->call, first->call, sizeof(d->call)) != 0) {
+      differing += StrCat(", rank ", r, ": ", ReadString(d->call, sizeof(d->call)));
     }
   }
-  if (!differing.empty()) {
+  // A rank that failed its own checks (or joined through FailTogether, whatever its peers
+  // called) is the cause: ArgsVerdict names it and its message first.
+  if (!differing.empty() && !any_bad) {
     return MismatchError(args.call, ": ranks called different collectives (rank 0: ",
                          ReadString(first->call, sizeof(first->call)), differing,
                          "); expected the same call on every rank");

@@ -15,9 +15,11 @@
 // message) into the control area before its first step's Sync, and reads every peer's right
 // after it, before touching any peer's data. Ranks whose descriptors differ, or where one rank's
 // arguments are bad, all return the same error (runtime/arg_check.h, ArgsVerdict) at that point
-// and the window stays usable. The check costs no extra round: the descriptor rides on the Sync
-// the collective needs anyway. Descriptors alternate between two places by call, so a fast
-// rank's next call never overwrites one that a slow peer has yet to read.
+// and the window stays usable; a rank with bad arguments is named first, even where its call's
+// name differs from its peers' (Backend::FailTogether joins any call). The check costs no
+// extra round: the descriptor rides on the Sync the collective needs anyway. Descriptors
+// alternate between two places by call, so a fast rank's next call never overwrites one that a
+// slow peer has yet to read.
 //
 // Synchronization: each Sync() bumps this rank's arrival counter and waits until every peer's
 // counter has reached the same value. A waiter spins briefly only when every rank has a core

@@ -355,6 +355,24 @@ TEST_F(ShmAgreement, InvalidArgumentOnOneRankNamesIt) {
   ExpectUsable(7);
 }
 
+// A rank that refuses a call before it starts (a binding's own checks: Backend::FailTogether,
+// whose call name may not be the peers') fails its peers' call at once, naming it and why.
+TEST_F(ShmAgreement, RefusalOnOneRankFailsAnyCallOfThePeers) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  std::vector<float> b(10, 1.0f);
+  const CollectiveArgs refused{"AllReduce", -1, 0, -1, 0,
+                               InvalidArgument("broadcast_: root_rank 9 is not in 0..8")};
+  Status st = odd() ? shm_->Agree(refused) : shm_->Broadcast(b.data(), 10, DType::kFloat32, 0);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  EXPECT_NE(st.message().find("root_rank 9 is not in 0..8"), std::string::npos) << st.message();
+  if (!odd()) {
+    EXPECT_NE(st.message().find(StrCat("rank ", size() - 1, " passed an invalid argument")),
+              std::string::npos)
+        << st.message();
+  }
+  ExpectUsable(5);
+}
+
 TEST_F(ShmAgreement, LayoutOrDTypeDiffersOnOneRank) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
   const size_t p = static_cast<size_t>(size());
