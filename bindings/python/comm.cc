@@ -189,6 +189,24 @@ class Comm {
   void Barrier() {
     Blocking([&](psdComm_t c) { return psdBarrier(c); });
   }
+  // A binding's own refusal of a collective (Python-level checks that fail on this rank only):
+  // joins the peers' argument agreement with the message, so that their call fails at once
+  // naming this rank instead of waiting for it. `call` is the peers' Backend call.
+  void FailCollective(const std::string& call, const std::string& message) {
+    static const char* const kCalls[] = {"AllReduce", "ReduceScatter", "AllGather",
+                                         "AllGatherV", "Broadcast"};
+    const char* backend_call = nullptr;
+    for (const char* k : kCalls) {
+      if (call == k) backend_call = k;
+    }
+    if (backend_call == nullptr) {
+      BadArg("fail_collective: call '" + call +
+             "' is unknown; expected AllReduce, ReduceScatter, AllGather, AllGatherV or Broadcast");
+    }
+    psdComm_t c = get();
+    py::gil_scoped_release release;
+    (void)poseidon::capi::FailBlockingCollective(c, "fail_collective", backend_call, message);
+  }
 
   int RegisterLayer(const std::string& name, const std::vector<size_t>& shape,
                     const std::string& kind, const std::string& strategy, double density,
@@ -473,6 +491,9 @@ void BindComm(py::module_& m) {
       .def("allgather", &Comm::AllGather, py::arg("send"), py::arg("recv"))
       .def("broadcast", &Comm::Broadcast, py::arg("buf"), py::arg("root") = 0)
       .def("barrier", &Comm::Barrier)
+      .def("fail_collective", &Comm::FailCollective, py::arg("call"), py::arg("message"),
+           "Joins the peers' matching collective with this rank's refusal (message), so that it "
+           "fails on every rank at once; returns nothing (the caller raises its own error).")
       .def("register_layer", &Comm::RegisterLayer, py::arg("name"), py::arg("shape"),
            py::arg("kind") = "dense", py::arg("strategy") = "auto", py::arg("density") = 0.0,
            py::arg("candidates") = py::none(), py::arg("optimizer") = py::none())

@@ -3,6 +3,7 @@ rank's known input. Run under mpirun (np 2 and 4); rank 0 prints one line per ca
 exit status is 0 only when every case passed on every rank."""
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -478,12 +479,51 @@ def case_sync_points(r, n):
     check(poseidon.get_setting("POSEIDON_TIMELINE") == "", "timeline cleared")
 
 
+def case_refusal_on_one_rank(r, n):
+    """A bad argument on the last rank only fails the collective on every rank at once: the
+    last rank raises its own error, the others an InvalidArgumentError naming it (they do not
+    wait for it until a timeout). Then the next collective works."""
+    odd = r == n - 1
+    calls = [
+        ("broadcast_ root_rank", lambda: hvd.broadcast_(torch.ones(3), root_rank=n if odd else 0),
+         ValueError),
+        ("allreduce of bool", lambda: hvd.allreduce(
+            torch.ones(3, dtype=torch.bool) if odd else torch.ones(3)), TypeError),
+        ("allgather of a list", lambda: hvd.allgather([1.0] if odd else torch.ones(1)),
+         TypeError),
+        ("alltoall splits", lambda: hvd.alltoall(torch.ones(n, 1), splits=[n + 1] * n if odd
+                                                 else [1] * n), ValueError),
+        ("reducescatter of a scalar", lambda: hvd.reducescatter(
+            torch.ones(()) if odd else torch.ones(n)), ValueError),
+        ("grouped_allreduce_async op", lambda: hvd.synchronize(hvd.grouped_allreduce_async(
+            [torch.ones(2)], op=hvd.Adasum if odd else hvd.Sum)), Exception),
+    ]
+    for what, call, own in calls:
+        start = time.time()
+        try:
+            call()
+            raise AssertionError("%s: returned on rank %d; expected an error" % (what, r))
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            if odd:
+                check(isinstance(e, own), "%s: %s on the bad rank; expected %s"
+                      % (what, type(e).__name__, own.__name__))
+            else:
+                check(isinstance(e, poseidon.InvalidArgumentError),
+                      "%s: %s: %s; expected InvalidArgumentError" % (what, type(e).__name__, e))
+                check("rank %d passed an invalid argument" % (n - 1) in str(e),
+                      "%s: %s does not name rank %d" % (what, e, n - 1))
+        check(time.time() - start < 20, "%s took %.1f s" % (what, time.time() - start))
+    close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)), "usable after")
+
+
 CASES = [case_names, case_basics, case_allreduce_dtypes, case_min_max_product,
          case_scale_factors, case_grouped_allreduce, case_allgather_dtypes,
          case_broadcast_dtypes, case_reducescatter, case_alltoall, case_autograd_allreduce,
          case_autograd_allgather, case_autograd_broadcast, case_objects,
          case_parameters_and_optimizer, case_process_set, case_sync_batch_norm, case_sparse,
-         case_sync_points, case_optimizer_process_set]
+         case_sync_points, case_optimizer_process_set, case_refusal_on_one_rank]
 
 
 def main():

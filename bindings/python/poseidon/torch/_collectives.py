@@ -11,6 +11,8 @@ Ops: Sum and Average are Poseidon's allreduce; Min, Max and Product are an allga
 rank's tensor reduced locally with torch (size() times the bytes). Adasum is not supported.
 allreduce, allgather, broadcast, alltoall and reducescatter are differentiable.
 """
+import functools as _functools
+import inspect as _inspect
 import time as _time
 
 import torch as _torch
@@ -18,7 +20,7 @@ import torch as _torch
 import poseidon as _psd
 from poseidon.torch._compression import Compression
 from poseidon.torch._core import (Average, Sum, Adasum, Min, Max, Product, _comm, _lock,
-                                  _run, _state)
+                                  _run, _state, _executor_thread)
 from poseidon.torch._process_sets import comm_of as _comm_of, global_process_set
 
 _NATIVE = (_torch.float32, _torch.float64, _torch.float16, _torch.bfloat16, _torch.int32,
@@ -27,8 +29,66 @@ _WIDENED = (_torch.uint8, _torch.int8, _torch.int16, _torch.bool)
 _OPS = (Average, Sum, Min, Max, Product)
 
 
+# -- refusals -----------------------------------------------------------------------------
+def _refuse_peers(call, process_set, error):
+    """This rank refuses a collective its peers are entering: it joins their argument agreement
+    with its error (on the worker, after this rank's earlier calls), so their call fails at once
+    naming this rank, instead of waiting for it until a timeout."""
+    try:
+        comm = _comm_of(process_set, call)
+    except Exception:  # not initialized, or not a member of the set: no peer waits for us
+        return
+    try:
+        _run(comm.fail_collective, call, str(error))
+    except Exception:  # the agreement's own failure; this rank raises its own error
+        pass
+
+
+def _refused(comm, call, error):
+    """For checks that run on the worker, inside a collective: fails the peers' matching call
+    with ``error`` (see _refuse_peers) and returns the error, marked, for the caller to raise."""
+    try:
+        comm.fail_collective(call, str(error))
+    except Exception:  # the agreement's own failure; this rank raises its own error
+        pass
+    error._psd_refused = True
+    return error
+
+
+def _refusals(call):
+    """A public collective whose own checks (tensor, dtype, op, root_rank, ...) fail on this
+    rank before it starts moving data fails on every rank: see _refuse_peers. ``call`` is the
+    Backend call the peers make first (AllReduce, AllGather, Broadcast, ReduceScatter)."""
+    def wrap(fn):
+        sig = _inspect.signature(fn)
+
+        @_functools.wraps(fn)
+        def checked(*args, **kwargs):
+            outer = getattr(_executor_thread, "started", False)
+            _executor_thread.started = False
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                if not _executor_thread.started and not getattr(e, "_psd_refused", False):
+                    try:
+                        process_set = sig.bind(*args, **kwargs).arguments.get(
+                            "process_set", global_process_set)
+                    except TypeError:
+                        process_set = global_process_set
+                    _refuse_peers(call, process_set, e)
+                    try:
+                        e._psd_refused = True  # an enclosing collective must not refuse again
+                    except AttributeError:
+                        pass
+                raise
+            finally:
+                _executor_thread.started = outer or _executor_thread.started
+        return checked
+    return wrap
+
+
 # -- helpers ------------------------------------------------------------------------------
-def _check_tensor(tensor, what):
+def _check_tensor(tensor, what, reduce=False):
     if not isinstance(tensor, _torch.Tensor):
         raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(tensor).__name__))
     if tensor.dtype not in _NATIVE and tensor.dtype not in _WIDENED:
@@ -38,6 +98,8 @@ def _check_tensor(tensor, what):
     if tensor.is_sparse:
         raise TypeError("%s: sparse tensors are not supported (see sparse_allreduce_async)"
                         % what)
+    if reduce and tensor.dtype == _torch.bool:
+        raise TypeError("%s: bool tensors cannot be reduced; expected a number dtype" % what)
 
 
 def _wire(t):
@@ -158,12 +220,13 @@ class _Allreduce(_torch.autograd.Function):
                           process_set=process_set), None, None, None, None)
 
 
+@_refusals("AllReduce")
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """A new tensor: the average (default), sum, min, max or product over ranks of
     ``tensor`` (unchanged). Differentiable."""
     op = _resolve_op(average, op)
-    _check_tensor(tensor, "allreduce")
+    _check_tensor(tensor, "allreduce", reduce=True)
     _comm_of(process_set, "allreduce")
     wire, ctx = compression.compress(tensor)
     out = _Allreduce.apply(wire, op, float(prescale_factor), float(postscale_factor),
@@ -178,12 +241,13 @@ def _reduce_into(comm, tensor, op, prescale, postscale):
     return tensor
 
 
+@_refusals("AllReduce")
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set,
                compression=Compression.none):
     """In place: ``tensor`` becomes the average (default), sum, min, max or product."""
     op = _resolve_op(average, op)
-    _check_tensor(tensor, "allreduce_")
+    _check_tensor(tensor, "allreduce_", reduce=True)
     comm = _comm_of(process_set, "allreduce_")
     if compression is Compression.none:
         return _run(_reduce_into, comm, tensor, op, float(prescale_factor),
@@ -197,6 +261,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 def _submit(fn, *args):
     _comm()
+    _executor_thread.started = True
     with _lock:
         handle = _state["next"]
         _state["next"] += 1
@@ -204,18 +269,20 @@ def _submit(fn, *args):
     return handle
 
 
+@_refusals("AllReduce")
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     op = _resolve_op(average, op)
-    _check_tensor(tensor, "allreduce_async_")
+    _check_tensor(tensor, "allreduce_async_", reduce=True)
     return _submit(_reduce_into, _comm_of(process_set, "allreduce_async_"), tensor, op,
                    float(prescale_factor), float(postscale_factor))
 
 
+@_refusals("AllReduce")
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     op = _resolve_op(average, op)
-    _check_tensor(tensor, "allreduce_async")
+    _check_tensor(tensor, "allreduce_async", reduce=True)
     return _submit(_reduce, _comm_of(process_set, "allreduce_async"), tensor.detach().clone(),
                    op, float(prescale_factor), float(postscale_factor))
 
@@ -283,22 +350,23 @@ class _GroupedAllreduce(_torch.autograd.Function):
             process_set=process_set))
 
 
-def _check_group(tensors, what):
+def _check_group(tensors, what, reduce=False):
     tensors = list(tensors)
     if not tensors:
         raise ValueError("%s: expected a non-empty list of tensors" % what)
     for t in tensors:
-        _check_tensor(t, what)
+        _check_tensor(t, what, reduce)
     return tensors
 
 
+@_refusals("AllReduce")
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set):
     """allreduce of each tensor of a list, fused per dtype; returns new tensors.
     Differentiable."""
     op = _resolve_op(average, op, "grouped_allreduce")
-    tensors = _check_group(tensors, "grouped_allreduce")
+    tensors = _check_group(tensors, "grouped_allreduce", reduce=True)
     _comm_of(process_set, "grouped_allreduce")
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(op, float(prescale_factor), float(postscale_factor),
@@ -306,31 +374,35 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
 
 
+@_refusals("AllReduce")
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     op = _resolve_op(average, op, "grouped_allreduce_")
-    tensors = _check_group(tensors, "grouped_allreduce_")
+    tensors = _check_group(tensors, "grouped_allreduce_", reduce=True)
     return _run(_reduce_group_into, _comm_of(process_set, "grouped_allreduce_"), tensors, op,
                 float(prescale_factor), float(postscale_factor))
 
 
+@_refusals("AllReduce")
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     op = _resolve_op(average, op, "grouped_allreduce_async")
-    tensors = _check_group(tensors, "grouped_allreduce_async")
+    tensors = _check_group(tensors, "grouped_allreduce_async", reduce=True)
     return _submit(_reduce_group, _comm_of(process_set, "grouped_allreduce_async"),
                    [t.detach().clone() for t in tensors], op, float(prescale_factor),
                    float(postscale_factor))
 
 
+@_refusals("AllReduce")
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     op = _resolve_op(average, op, "grouped_allreduce_async_")
-    tensors = _check_group(tensors, "grouped_allreduce_async_")
+    tensors = _check_group(tensors, "grouped_allreduce_async_", reduce=True)
     return _submit(_reduce_group_into, _comm_of(process_set, "grouped_allreduce_async_"),
                    tensors, op, float(prescale_factor), float(postscale_factor))
 
 
+@_refusals("AllGather")
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
     """A sparse COO tensor's allreduce: the indices and values of every rank are allgathered
     and form one (uncoalesced) sparse tensor; op Average divides the values by the number of
@@ -378,6 +450,7 @@ class _Allgather(_torch.autograd.Function):
         return (mine.reshape(()) if ctx.scalar else mine), None
 
 
+@_refusals("AllGather")
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's tensor concatenated on dimension 0 (first dimensions may differ).
     Differentiable."""
@@ -389,6 +462,7 @@ def _gather_only(comm, tensor):
     return _gather_rows(comm, tensor)[0]
 
 
+@_refusals("AllGather")
 def allgather_async(tensor, name=None, process_set=global_process_set):
     _check_tensor(tensor, "allgather_async")
     return _submit(_gather_only, _comm_of(process_set, "allgather_async"),
@@ -399,12 +473,14 @@ def _gather_group(comm, tensors):
     return [_gather_rows(comm, t)[0] for t in tensors]
 
 
+@_refusals("AllGather")
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """allgather of each tensor of a list; returns a list. Differentiable."""
     tensors = _check_group(tensors, "grouped_allgather")
     return [allgather(t, process_set=process_set) for t in tensors]
 
 
+@_refusals("AllGather")
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     tensors = _check_group(tensors, "grouped_allgather_async")
     return _submit(_gather_group, _comm_of(process_set, "grouped_allgather_async"),
@@ -448,6 +524,7 @@ class _Broadcast(_torch.autograd.Function):
         return summed, None, None
 
 
+@_refusals("Broadcast")
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """A new tensor holding root_rank's ``tensor`` (root_rank: a global rank).
     Differentiable."""
@@ -455,6 +532,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     return _Broadcast.apply(tensor, root_rank, process_set)
 
 
+@_refusals("Broadcast")
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In place: ``tensor`` becomes root_rank's."""
     _check_tensor(tensor, "broadcast_")
@@ -463,6 +541,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
                                                         "broadcast_"))
 
 
+@_refusals("Broadcast")
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     _check_tensor(tensor, "broadcast_async")
     comm = _comm_of(process_set, "broadcast_async")
@@ -470,6 +549,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
                    _root_in(comm, process_set, root_rank, "broadcast_async"))
 
 
+@_refusals("Broadcast")
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     _check_tensor(tensor, "broadcast_async_")
     comm = _comm_of(process_set, "broadcast_async_")

@@ -104,6 +104,7 @@ def _run(fn, *args):
     if getattr(_executor_thread, "inside", False):
         return fn(*args)
     _comm()
+    _executor_thread.started = True
     return _state["executor"].submit(fn, *args).result()
 
 

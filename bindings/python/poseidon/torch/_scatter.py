@@ -3,8 +3,8 @@ _collectives (see its docstring for dtypes, ops and ordering)."""
 import torch as _torch
 
 from poseidon.torch._collectives import (_average_div, _check_group, _check_tensor,
-                                         _gather_rows, _resolve_op, _scale, _submit, _wire,
-                                         allgather)
+                                         _gather_rows, _refusals, _refused, _resolve_op,
+                                         _scale, _submit, _wire, allgather)
 from poseidon.torch._compression import Compression
 from poseidon.torch._core import Average, Sum, _run
 from poseidon.torch._process_sets import comm_of as _comm_of, global_process_set
@@ -18,18 +18,21 @@ def _alltoall(comm, tensor, splits):
     n = comm.size
     x = tensor.detach()
     if x.dim() == 0:
-        raise ValueError("alltoall: expected a tensor with at least one dimension")
+        raise _refused(comm, "AllGather",
+                       ValueError("alltoall: expected a tensor with at least one dimension"))
     if splits is None:
         if x.shape[0] % n:
-            raise ValueError("alltoall: the first dimension (%d) is not divisible by the "
-                             "number of ranks (%d); pass splits" % (x.shape[0], n))
+            raise _refused(comm, "AllGather", ValueError(
+                "alltoall: the first dimension (%d) is not divisible by the number of ranks "
+                "(%d); pass splits" % (x.shape[0], n)))
         send = [x.shape[0] // n] * n
     else:
         send = [int(s) for s in (splits.tolist() if isinstance(splits, _torch.Tensor)
                                  else splits)]
         if len(send) != n or any(s < 0 for s in send) or sum(send) != x.shape[0]:
-            raise ValueError("alltoall: splits %r must be %d non-negative counts summing to "
-                             "the first dimension (%d)" % (send, n, x.shape[0]))
+            raise _refused(comm, "AllGather", ValueError(
+                "alltoall: splits %r must be %d non-negative counts summing to the first "
+                "dimension (%d)" % (send, n, x.shape[0])))
     matrix, _ = _gather_rows(comm, _torch.tensor([send], dtype=_torch.int64))
     data, counts = _gather_rows(comm, x)
     me = comm.rank
@@ -62,6 +65,7 @@ class _Alltoall(_torch.autograd.Function):
         return back, None, None
 
 
+@_refusals("AllGather")
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends rows splits[r] (default: an equal share) of ``tensor`` to rank r; returns the
     rows received from every rank in rank order and, when ``splits`` is given, a tensor of
@@ -75,6 +79,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return out, received
 
 
+@_refusals("AllGather")
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Handle whose synchronize() gives (output, received splits)."""
     _check_tensor(tensor, "alltoall_async")
@@ -90,12 +95,15 @@ def _split_rows(total, n):
 
 def _reducescatter(comm, tensor, op, prescale, postscale):
     if op not in (Average, Sum):
-        raise ValueError("reducescatter: op must be Average or Sum")
+        raise _refused(comm, "ReduceScatter",
+                       ValueError("reducescatter: op must be Average or Sum"))
     if tensor.dtype == _torch.bool:
-        raise TypeError("reducescatter: bool tensors cannot be reduced")
+        raise _refused(comm, "ReduceScatter",
+                       TypeError("reducescatter: bool tensors cannot be reduced"))
     x = _scale(tensor.detach(), prescale)
     if x.dim() == 0:
-        raise ValueError("reducescatter: expected a tensor with at least one dimension")
+        raise _refused(comm, "ReduceScatter", ValueError(
+            "reducescatter: expected a tensor with at least one dimension"))
     n = comm.size
     rows = _split_rows(x.shape[0], n)
     rest = tuple(x.shape[1:])
@@ -138,6 +146,7 @@ class _Reducescatter(_torch.autograd.Function):
         return _scale(full, factor), None, None, None, None
 
 
+@_refusals("ReduceScatter")
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces (Average or Sum) ``tensor`` over ranks and returns this rank's rows of the
@@ -151,6 +160,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return compression.decompress(out, ctx)
 
 
+@_refusals("ReduceScatter")
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     op = _resolve_op(None, op, "reducescatter_async")
@@ -163,6 +173,7 @@ def _reducescatter_group(comm, tensors, op, prescale, postscale):
     return [_reducescatter(comm, t, op, prescale, postscale) for t in tensors]
 
 
+@_refusals("ReduceScatter")
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
@@ -173,6 +184,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
             for t in tensors]
 
 
+@_refusals("ReduceScatter")
 def grouped_reducescatter_async(tensors, name=None, op=Average,
                                 process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0):
