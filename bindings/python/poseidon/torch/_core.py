@@ -101,10 +101,10 @@ def _comm():
 def _run(fn, *args):
     """Runs a collective on the package's worker (directly when already there) and returns
     its result, so blocking and asynchronous calls keep this rank's order."""
+    _executor_thread.started = True  # see _collectives._refusals
     if getattr(_executor_thread, "inside", False):
         return fn(*args)
     _comm()
-    _executor_thread.started = True
     return _state["executor"].submit(fn, *args).result()
 
 
