@@ -111,15 +111,21 @@ TEST(ShmErrors, ChunkTooSmallFailsOnEveryRank) {
       << s.status().message();
 }
 
+// Create's outcome when one rank (odd) passed `theirs` for `name` and the others `usual`.
+void ExpectSettingMismatch(const Result<std::unique_ptr<ShmCollectives>>& s, const char* name,
+                           int odd, const char* usual, const char* theirs) {
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kMismatch);
+  EXPECT_NE(s.status().message().find(std::string(name) + " differs across ranks (" +
+                                      testing::OneOddGroups(odd, usual, theirs) + ")"),
+            std::string::npos)
+      << s.status().message();
+}
+
 TEST(ShmErrors, ChunkMismatchFailsOnEveryRank) {
   if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
   auto s = ShmCollectives::Create(World()->mpi_comm(), World()->rank() == 0 ? 8192 : 4096, 10.0);
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), StatusCode::kMismatch);
-  EXPECT_NE(s.status().message().find("POSEIDON_SHM_CHUNK_BYTES differs across ranks (" +
-                                      testing::OneOddGroups(0, "4096", "8192") + ")"),
-            std::string::npos)
-      << s.status().message();
+  ExpectSettingMismatch(s, "POSEIDON_SHM_CHUNK_BYTES", 0, "4096", "8192");
 }
 
 // A rank that never joins: the others fail with kTimeout naming it, instead of hanging, and
@@ -145,12 +151,7 @@ TEST(ShmErrors, SingleCopyMismatchFailsOnEveryRank) {
   if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
   auto s = ShmCollectives::Create(World()->mpi_comm(), 8192, 10.0,
                                   World()->rank() == 1 ? 65536 : 32768);
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), StatusCode::kMismatch);
-  EXPECT_NE(s.status().message().find("POSEIDON_SHM_SINGLE_COPY_BYTES differs across ranks (" +
-                                      testing::OneOddGroups(1, "32768", "65536") + ")"),
-            std::string::npos)
-      << s.status().message();
+  ExpectSettingMismatch(s, "POSEIDON_SHM_SINGLE_COPY_BYTES", 1, "32768", "65536");
 }
 
 // The single-copy allgather (runtime/shm_collectives.h, "Single copy").

@@ -38,20 +38,21 @@ def _refuse_peers(call, process_set, error):
         comm = _comm_of(process_set, call)
     except Exception:  # not initialized, or not a member of the set: no peer waits for us
         return
-    try:
-        _run(comm.fail_collective, call, str(error))
-    except Exception:  # the agreement's own failure; this rank raises its own error
-        pass
+    _run(_refused, comm, call, error)
 
 
 def _refused(comm, call, error):
-    """For checks that run on the worker, inside a collective: fails the peers' matching call
-    with ``error`` (see _refuse_peers) and returns the error, marked, for the caller to raise."""
+    """On the worker: fails the peers' matching call with ``error`` (see _refuse_peers) and
+    returns the error, marked so that no enclosing collective refuses again, for the caller to
+    raise."""
     try:
         comm.fail_collective(call, str(error))
     except Exception:  # the agreement's own failure; this rank raises its own error
         pass
-    error._psd_refused = True
+    try:
+        error._psd_refused = True
+    except AttributeError:
+        pass
     return error
 
 
@@ -76,10 +77,6 @@ def _refusals(call):
                     except TypeError:
                         process_set = global_process_set
                     _refuse_peers(call, process_set, e)
-                    try:
-                        e._psd_refused = True  # an enclosing collective must not refuse again
-                    except AttributeError:
-                        pass
                 raise
             finally:
                 _executor_thread.started = outer or _executor_thread.started
