@@ -24,6 +24,12 @@ Status CheckCountsPerRank(const char* call, const std::vector<size_t>& counts, i
   return Status::Ok();
 }
 
+uint64_t HashDetail(const char* detail) {
+  if (detail == nullptr || detail[0] == '\0') return 0;
+  uint64_t h = Fnv1a(detail, std::strlen(detail));
+  return h == 0 ? 1 : h;
+}
+
 size_t SumCounts(const std::vector<size_t>& counts) {
   size_t total = 0;
   for (size_t c : counts) total += c;
@@ -36,16 +42,17 @@ ArgRecord RecordOf(const CollectiveArgs& args) {
   r.dtype = args.dtype;
   r.root = args.root;
   r.layout_hash = static_cast<int64_t>(args.layout_hash);
+  r.detail_hash = static_cast<int64_t>(HashDetail(args.detail));
   r.bad = args.local.ok() ? 0 : 1;
   return r;
 }
 
 namespace {
-constexpr int kFields = 5;  // ArgRecord's fields, in order
+constexpr int kFields = 6;  // ArgRecord's fields, in order
 constexpr int kMsgLen = 240;
 
 std::array<int64_t, kFields> Fields(const ArgRecord& r) {
-  return {r.count, r.dtype, r.root, r.layout_hash, r.bad};
+  return {r.count, r.dtype, r.root, r.layout_hash, r.detail_hash, r.bad};
 }
 ArgRecord FromFields(const std::array<int64_t, kFields>& f) {
   ArgRecord r;
@@ -53,7 +60,8 @@ ArgRecord FromFields(const std::array<int64_t, kFields>& f) {
   r.dtype = f[1];
   r.root = f[2];
   r.layout_hash = f[3];
-  r.bad = f[4];
+  r.detail_hash = f[4];
+  r.bad = f[5];
   return r;
 }
 
@@ -102,6 +110,15 @@ Status ArgsVerdict(const CollectiveArgs& mine, const std::vector<ArgRecord>& all
                          ": the counts vector (shard layout) differs across ranks; expected the "
                          "same counts on every rank");
   }
+  if (Differs(all, &ArgRecord::detail_hash)) {
+    std::vector<std::optional<std::string>> details;
+    for (size_t r = 0; r < all.size(); ++r) {
+      details.push_back(all[r].detail_hash == 0 ? std::string("(none)")
+                                                : message_of(static_cast<int>(r)));
+    }
+    return MismatchError(mine.call, ": the caller's terms of the call differ across ranks (",
+                         GroupRanksByValue(details), "); expected the same on every rank");
+  }
   return Status::Ok();
 }
 
@@ -112,7 +129,7 @@ Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wai
   MPI_Comm_size(comm, &size);
   // Everything MPI reads or writes lives here, on the heap: an interrupted exchange leaves its
   // request to MPI, which may still write these bytes after this function has returned.
-  // Round 1 (runtime/or_agreement.h): the four compared fields as values, "my arguments are
+  // Round 1 (runtime/or_agreement.h): the five compared fields as values, "my arguments are
   // bad" as a flag, in one bitwise-OR allreduce.
   constexpr int kCompared = kFields - 1;
   struct Exchange {
@@ -139,6 +156,7 @@ Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wai
   for (int i = 0; i < kCompared; ++i) agree = agree && or_agreement::AllSame(&words[2 * i]);
   const bool any_bad = words[2 * kCompared] != 0;
   if (agree && !any_bad) return Status::Ok();
+  const bool details_differ = !or_agreement::AllSame(&words[2 * (kCompared - 1)]);
 
   // Error path: gather every rank's values and messages so all ranks report the same cause.
   std::vector<std::array<int64_t, kFields>>& all = x->all;
@@ -149,9 +167,12 @@ Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wai
              : MPI_Allgather(mine.data(), kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T,
                              comm);
   }));
-  if (any_bad) {
+  if (any_bad || details_differ) {
+    // Each rank's error when it is bad, else its detail (the verdict names one or the other).
     char* msg = x->msg;
-    std::strncpy(msg, args.local.message().c_str(), kMsgLen - 1);
+    std::strncpy(msg, !args.local.ok() ? args.local.message().c_str()
+                      : args.detail != nullptr ? args.detail : "",
+                 kMsgLen - 1);
     std::vector<char>& msgs = x->msgs;
     msgs.resize(static_cast<size_t>(size) * kMsgLen);
     PSD_CHECK(RunMpi(how, "MPI_Allgather", x, [&](MPI_Request* r) {

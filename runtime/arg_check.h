@@ -1,8 +1,9 @@
 // Cross-rank agreement on a collective's arguments, so that one rank's bad argument or a
 // disagreement fails the call on every rank instead of leaving the others waiting.
 //
-// One bitwise-OR allreduce of nine words (runtime/or_agreement.h: count, dtype, root and a hash
-// of the shard layout as values, a "my arguments are bad" flag) compares the call's arguments.
+// One bitwise-OR allreduce of eleven words (runtime/or_agreement.h: count, dtype, root, a hash
+// of the shard layout and a hash of the caller's detail as values, a "my arguments are bad"
+// flag) compares the call's arguments.
 // Only on failure does a second exchange gather every rank's values and messages, so the error
 // names the ranks and values that differ. Ranks that share a node check the same descriptor
 // through the shared-memory window instead (ShmCollectives), folded into the collective's first
@@ -29,6 +30,7 @@ struct CollectiveArgs {
   int64_t root = 0;          // -1 when the call has no root
   uint64_t layout_hash = 0;  // hash of a counts vector (0 when none)
   Status local;              // this rank's own validation result
+  const char* detail = nullptr;  // CallOptions::detail (null or "": none)
 };
 
 // Returns OK on every rank, or an error on every rank: a rank whose own arguments are bad gets
@@ -40,6 +42,8 @@ struct CollectiveArgs {
 Status AgreeOnArgs(MPI_Comm comm, const CollectiveArgs& args, const MpiWait& wait = {});
 
 uint64_t HashCounts(const std::vector<size_t>& counts);
+// 0 for a null or empty detail, else a nonzero hash of its text.
+uint64_t HashDetail(const char* detail);
 
 // What ranks compare of one call: the fields of CollectiveArgs as integers, and whether the
 // rank's own validation failed.
@@ -48,6 +52,7 @@ struct ArgRecord {
   int64_t dtype = 0;
   int64_t root = 0;
   int64_t layout_hash = 0;
+  int64_t detail_hash = 0;  // HashDetail(args.detail)
   int64_t bad = 0;
 };
 ArgRecord RecordOf(const CollectiveArgs& args);
@@ -55,7 +60,9 @@ ArgRecord RecordOf(const CollectiveArgs& args);
 // The verdict every rank reaches alike from every rank's record (all[r] for rank r): OK when
 // the records agree and none is bad; else this rank's own error if its arguments are bad, else
 // "rank r passed an invalid argument: <message_of(r)>" for the first bad rank, else the first
-// field that differs, naming the ranks and values. message_of is called only for bad ranks.
+// field that differs, naming the ranks and values. message_of(r) is called for bad ranks (it
+// returns rank r's error) and, when no rank is bad and the details differ, for every rank (it
+// returns rank r's detail).
 Status ArgsVerdict(const CollectiveArgs& mine, const std::vector<ArgRecord>& all,
                    const std::function<std::string(int)>& message_of);
 

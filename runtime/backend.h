@@ -50,6 +50,12 @@ struct CallOptions {
   // Every rank must pass one, or none: the polled form uses MPI's non-blocking collectives,
   // which never match a peer's blocking one.
   const Interrupt* interrupt = nullptr;
+  // The caller's own terms of the call beyond its buffers, as text (e.g. "op Average, prescale
+  // 1, postscale 1" when the caller turns a sum into an average itself), or null / "" for none.
+  // Blocking calls compare it across ranks like the count and dtype: when it differs, every
+  // rank fails with kMismatch naming each rank's text (the first 231 bytes). Not compared when
+  // `agreed` is set.
+  const char* detail = nullptr;
 };
 
 // A pending non-blocking collective. Owns whatever scratch the call needs until it completes.

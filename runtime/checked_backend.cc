@@ -7,11 +7,12 @@ namespace poseidon {
 namespace {
 
 // Every rank of a call describes it alike: the element count every rank must pass, the dtype,
-// the root (-1 without one) and the hash of the shard layout (0 without one).
+// the root (-1 without one), the hash of the shard layout (0 without one) and the caller's
+// detail (CallOptions::detail).
 CollectiveArgs Describe(const char* call, size_t count, DType dtype, int root,
-                        uint64_t layout_hash, Status local) {
-  return CollectiveArgs{call,        static_cast<int64_t>(count), static_cast<int64_t>(dtype),
-                        root,        layout_hash,                 std::move(local)};
+                        uint64_t layout_hash, Status local, const CallOptions& opts) {
+  return CollectiveArgs{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root,
+                        layout_hash, std::move(local), opts.detail};
 }
 
 }  // namespace
@@ -66,7 +67,7 @@ Status CheckedBackend::AllReduce(const void* send, void* recv, size_t count, DTy
   const char* call = "AllReduce";
   Status local = CheckSummed(call, send, recv, count, dtype, opts);
   return DoAllReduce(send, recv, count, dtype, opts,
-                     Describe(call, count, dtype, -1, 0, std::move(local)));
+                     Describe(call, count, dtype, -1, 0, std::move(local), opts));
 }
 
 Status CheckedBackend::ReduceScatter(const void* send, void* recv,
@@ -76,7 +77,7 @@ Status CheckedBackend::ReduceScatter(const void* send, void* recv,
   Status local = CheckCounted(call, send, recv, counts, dtype, opts, /*send_all=*/true);
   return DoReduceScatter(
       send, recv, counts, dtype, opts,
-      Describe(call, SumCounts(counts), dtype, -1, HashCounts(counts), std::move(local)));
+      Describe(call, SumCounts(counts), dtype, -1, HashCounts(counts), std::move(local), opts));
 }
 
 Status CheckedBackend::AllGather(const void* send, void* recv, size_t count, DType dtype,
@@ -89,7 +90,7 @@ Status CheckedBackend::AllGather(const void* send, void* recv, size_t count, DTy
   if (local.ok()) local = CheckBuffer(call, "send", send, count, count * es);
   if (local.ok()) local = CheckBuffer(call, "recv", recv, all, all * es);
   return DoAllGather(send, recv, count, dtype, opts,
-                     Describe(call, count, dtype, -1, 0, std::move(local)));
+                     Describe(call, count, dtype, -1, 0, std::move(local), opts));
 }
 
 Status CheckedBackend::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
@@ -98,7 +99,7 @@ Status CheckedBackend::AllGatherV(const void* send, void* recv, const std::vecto
   Status local = CheckCounted(call, send, recv, counts, dtype, opts, /*send_all=*/false);
   return DoAllGatherV(
       send, recv, counts, dtype, opts,
-      Describe(call, SumCounts(counts), dtype, -1, HashCounts(counts), std::move(local)));
+      Describe(call, SumCounts(counts), dtype, -1, HashCounts(counts), std::move(local), opts));
 }
 
 Status CheckedBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
@@ -111,7 +112,7 @@ Status CheckedBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (local.ok()) local = CheckElements(call, count);
   if (local.ok()) local = CheckBuffer(call, "buf", buf, count, count * DTypeSize(dtype));
   return DoBroadcast(buf, count, dtype, root, opts,
-                     Describe(call, count, dtype, root, 0, std::move(local)));
+                     Describe(call, count, dtype, root, 0, std::move(local), opts));
 }
 
 Status CheckedBackend::FailTogether(const char* call, const Status& local,

@@ -470,7 +470,7 @@ Status MpiBackend::AllReducePieces(const std::vector<SumPiece>& pieces, DType dt
                   "MpiBackend::AllReducePieces: not through the window");
   }
   const CollectiveArgs args{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
-                            local};
+                            local, opts.detail};
   return ShmResult(*shm, shm->AllReducePieces(pieces, dtype, opts.interrupt, args, commit,
                                               committed));
 }

@@ -101,7 +101,7 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 struct ShmCollectives::Descriptor {
   ArgRecord record;
   char call[24];
-  char message[232];  // this rank's own argument error, when record.bad
+  char message[232];  // this rank's own argument error when record.bad, else its detail
   // Single copy: the address of this rank's source buffer in its own address space, then the
   // outcome of its reads (an errno, 0 when all succeeded, and the rank it failed to read).
   uint64_t source;
@@ -384,6 +384,8 @@ Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interr
   CopyString(mine->call, sizeof(mine->call), args.call);
   if (!args.local.ok()) {
     CopyString(mine->message, sizeof(mine->message), args.local.message().c_str());
+  } else if (mine->record.detail_hash != 0) {
+    CopyString(mine->message, sizeof(mine->message), args.detail);
   }
   PSD_CHECK(Sync(args.call, interrupt));
   ++calls_;

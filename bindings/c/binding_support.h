@@ -4,8 +4,9 @@
 //
 // A binding checks what the C API cannot see (an array's dtype, layout or size) before calling
 // it; an argument it refuses on one rank must still fail the peers, which would otherwise wait
-// for this rank in the call. The two functions below do that through the C layer's own
-// plumbing, and record the message as the C call's error.
+// for this rank in the call. FailBlockingCollective and FailSubmit below do that through the C
+// layer's own plumbing, and record the message as the C call's error. A binding's own terms of
+// a call (an op it applies on top of the sum) travel as a detail the ranks compare.
 #pragma once
 
 #include <string>
@@ -26,6 +27,19 @@ psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call, const c
 // this rank, so the peers do not wait for this submission. Returns psdInvalidArgument with
 // "psdSubmit: <message>" recorded.
 psdResult_t FailSubmit(psdComm_t handle, const std::string& message);
+
+// psdAllReduce, psdReduceScatter and psdAllGather with CallOptions::detail: the binding's own
+// terms of the call beyond its buffers (e.g. "op Average, prescale 1, postscale 1" when it
+// averages the sum itself, or the op it applies to a gathered array), compared across ranks
+// like the count: a rank whose detail differs fails every rank with psdMismatch naming each
+// rank's text. Null or "" for none.
+psdResult_t AllReduce(psdComm_t comm, const void* send, void* recv, size_t count,
+                      psdDataType_t dtype, psdMemory_t memory, void* stream, const char* detail);
+psdResult_t ReduceScatter(psdComm_t comm, const void* send, void* recv, size_t recv_count,
+                          psdDataType_t dtype, psdMemory_t memory, void* stream,
+                          const char* detail);
+psdResult_t AllGather(psdComm_t comm, const void* send, void* recv, size_t send_count,
+                      psdDataType_t dtype, psdMemory_t memory, void* stream, const char* detail);
 
 // psdWait's timeout rule: negative, or beyond kWaitForeverMs (10^7 s: a duration that large
 // overflows the clock's arithmetic and would time out at once), waits for ever. WaitSeconds

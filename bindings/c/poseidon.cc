@@ -148,6 +148,68 @@ psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call, const c
   });
 }
 
+psdResult_t AllReduce(psdComm_t comm, const void* send, void* recv, size_t count,
+                      psdDataType_t dtype, psdMemory_t memory, void* stream, const char* detail) {
+  return WithComm("psdAllReduce", comm, [&](CommState& s) -> Status {
+    Backend* be = nullptr;
+    CallOptions opts;
+    PSD_CHECK(capi::FailCollectiveTogether(s, "AllReduce", [&]() -> Status {
+      PSD_CHECK(capi::CheckDTypeArg(dtype));
+      PSD_CHECK(capi::CheckBufferArg("send", send, count, dtype));
+      PSD_CHECK(capi::CheckBufferArg("recv", recv, count, dtype));
+      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
+      return Status::Ok();
+    }(), memory));
+    opts.detail = detail;
+    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
+    return be->AllReduce(send, recv, count, static_cast<DType>(dtype), opts);
+  });
+}
+
+psdResult_t ReduceScatter(psdComm_t comm, const void* send, void* recv, size_t recv_count,
+                          psdDataType_t dtype, psdMemory_t memory, void* stream,
+                          const char* detail) {
+  return WithComm("psdReduceScatter", comm, [&](CommState& s) -> Status {
+    size_t world = static_cast<size_t>(s.comm->size());
+    Backend* be = nullptr;
+    CallOptions opts;
+    PSD_CHECK(capi::FailCollectiveTogether(s, "ReduceScatter", [&]() -> Status {
+      PSD_CHECK(capi::CheckDTypeArg(dtype));
+      PSD_REQUIRE_ARG(recv_count <= std::numeric_limits<size_t>::max() / world, "recv_count ",
+                      recv_count, " times ", world, " ranks overflows");
+      PSD_CHECK(capi::CheckBufferArg("send", send, recv_count * world, dtype));
+      PSD_CHECK(capi::CheckBufferArg("recv", recv, recv_count, dtype));
+      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
+      return Status::Ok();
+    }(), memory));
+    opts.detail = detail;
+    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
+    std::vector<size_t> counts(world, recv_count);
+    return be->ReduceScatter(send, recv, counts, static_cast<DType>(dtype), opts);
+  });
+}
+
+psdResult_t AllGather(psdComm_t comm, const void* send, void* recv, size_t send_count,
+                      psdDataType_t dtype, psdMemory_t memory, void* stream, const char* detail) {
+  return WithComm("psdAllGather", comm, [&](CommState& s) -> Status {
+    size_t world = static_cast<size_t>(s.comm->size());
+    Backend* be = nullptr;
+    CallOptions opts;
+    PSD_CHECK(capi::FailCollectiveTogether(s, "AllGather", [&]() -> Status {
+      PSD_CHECK(capi::CheckDTypeArg(dtype));
+      PSD_REQUIRE_ARG(send_count <= std::numeric_limits<size_t>::max() / world, "send_count ",
+                      send_count, " times ", world, " ranks overflows");
+      PSD_CHECK(capi::CheckBufferArg("send", send, send_count, dtype));
+      PSD_CHECK(capi::CheckBufferArg("recv", recv, send_count * world, dtype));
+      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
+      return Status::Ok();
+    }(), memory));
+    opts.detail = detail;
+    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
+    return be->AllGather(send, recv, send_count, static_cast<DType>(dtype), opts);
+  });
+}
+
 }  // namespace poseidon::capi
 
 using namespace poseidon;  // NOLINT: the entry points below name many core types
@@ -324,60 +386,17 @@ psdResult_t psdGetSetting(const char* name, char* buf, size_t* size) {
 
 psdResult_t psdAllReduce(psdComm_t comm, const void* send, void* recv, size_t count,
                          psdDataType_t dtype, psdMemory_t memory, void* stream) {
-  return WithComm("psdAllReduce", comm, [&](CommState& s) -> Status {
-    Backend* be = nullptr;
-    CallOptions opts;
-    PSD_CHECK(capi::FailCollectiveTogether(s, "AllReduce", [&]() -> Status {
-      PSD_CHECK(capi::CheckDTypeArg(dtype));
-      PSD_CHECK(capi::CheckBufferArg("send", send, count, dtype));
-      PSD_CHECK(capi::CheckBufferArg("recv", recv, count, dtype));
-      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
-      return Status::Ok();
-    }(), memory));
-    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
-    return be->AllReduce(send, recv, count, static_cast<DType>(dtype), opts);
-  });
+  return capi::AllReduce(comm, send, recv, count, dtype, memory, stream, nullptr);
 }
 
 psdResult_t psdReduceScatter(psdComm_t comm, const void* send, void* recv, size_t recv_count,
                              psdDataType_t dtype, psdMemory_t memory, void* stream) {
-  return WithComm("psdReduceScatter", comm, [&](CommState& s) -> Status {
-    size_t world = static_cast<size_t>(s.comm->size());
-    Backend* be = nullptr;
-    CallOptions opts;
-    PSD_CHECK(capi::FailCollectiveTogether(s, "ReduceScatter", [&]() -> Status {
-      PSD_CHECK(capi::CheckDTypeArg(dtype));
-      PSD_REQUIRE_ARG(recv_count <= std::numeric_limits<size_t>::max() / world, "recv_count ",
-                      recv_count, " times ", world, " ranks overflows");
-      PSD_CHECK(capi::CheckBufferArg("send", send, recv_count * world, dtype));
-      PSD_CHECK(capi::CheckBufferArg("recv", recv, recv_count, dtype));
-      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
-      return Status::Ok();
-    }(), memory));
-    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
-    std::vector<size_t> counts(world, recv_count);
-    return be->ReduceScatter(send, recv, counts, static_cast<DType>(dtype), opts);
-  });
+  return capi::ReduceScatter(comm, send, recv, recv_count, dtype, memory, stream, nullptr);
 }
 
 psdResult_t psdAllGather(psdComm_t comm, const void* send, void* recv, size_t send_count,
                          psdDataType_t dtype, psdMemory_t memory, void* stream) {
-  return WithComm("psdAllGather", comm, [&](CommState& s) -> Status {
-    size_t world = static_cast<size_t>(s.comm->size());
-    Backend* be = nullptr;
-    CallOptions opts;
-    PSD_CHECK(capi::FailCollectiveTogether(s, "AllGather", [&]() -> Status {
-      PSD_CHECK(capi::CheckDTypeArg(dtype));
-      PSD_REQUIRE_ARG(send_count <= std::numeric_limits<size_t>::max() / world, "send_count ",
-                      send_count, " times ", world, " ranks overflows");
-      PSD_CHECK(capi::CheckBufferArg("send", send, send_count, dtype));
-      PSD_CHECK(capi::CheckBufferArg("recv", recv, send_count * world, dtype));
-      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
-      return Status::Ok();
-    }(), memory));
-    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
-    return be->AllGather(send, recv, send_count, static_cast<DType>(dtype), opts);
-  });
+  return capi::AllGather(comm, send, recv, send_count, dtype, memory, stream, nullptr);
 }
 
 psdResult_t psdBroadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t dtype, int root,

@@ -132,7 +132,7 @@ class Comm {
     return v;
   }
 
-  void AllReduce(py::handle send, py::handle recv) {
+  void AllReduce(py::handle send, py::handle recv, const std::string& detail) {
     View s, r;
     LocalChecks("psdAllReduce", "AllReduce", [&] {
       s = ToView(send, "allreduce: send", false);
@@ -144,10 +144,11 @@ class Comm {
       }
     });
     Blocking([&](psdComm_t c) {
-      return psdAllReduce(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr);
+      return poseidon::capi::AllReduce(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr,
+                                       detail.c_str());
     });
   }
-  void ReduceScatter(py::handle send, py::handle recv) {
+  void ReduceScatter(py::handle send, py::handle recv, const std::string& detail) {
     View s, r;
     size_t world = static_cast<size_t>(Int(psdCommSize));
     LocalChecks("psdReduceScatter", "ReduceScatter", [&] {
@@ -160,10 +161,11 @@ class Comm {
       }
     });
     Blocking([&](psdComm_t c) {
-      return psdReduceScatter(c, s.data, r.data, r.count, s.dtype, s.memory, nullptr);
+      return poseidon::capi::ReduceScatter(c, s.data, r.data, r.count, s.dtype, s.memory,
+                                           nullptr, detail.c_str());
     });
   }
-  void AllGather(py::handle send, py::handle recv) {
+  void AllGather(py::handle send, py::handle recv, const std::string& detail) {
     View s, r;
     size_t world = static_cast<size_t>(Int(psdCommSize));
     LocalChecks("psdAllGather", "AllGather", [&] {
@@ -176,7 +178,8 @@ class Comm {
       }
     });
     Blocking([&](psdComm_t c) {
-      return psdAllGather(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr);
+      return poseidon::capi::AllGather(c, s.data, r.data, s.count, s.dtype, s.memory, nullptr,
+                                       detail.c_str());
     });
   }
   void Broadcast(py::handle buf, int root) {
@@ -480,15 +483,22 @@ void BindComm(py::module_& m) {
       .def("test", &Handle::Test, "True when done (never blocks); raises the exchange's error.")
       .def("free", &Handle::Free);
 
+  static const char* const kDetailDoc =
+      "detail: the caller's own terms of the call beyond its arrays (e.g. the op it applies to "
+      "the result), compared across ranks like the element count: where it differs, every rank "
+      "raises MismatchError naming each rank's text.";
   py::class_<Comm>(m, "Comm")
       .def(py::init<uintptr_t>(), py::arg("mpi_comm") = 0)
       .def_property_readonly("rank", [](const Comm& c) { return c.Int(psdCommRank); })
       .def_property_readonly("size", [](const Comm& c) { return c.Int(psdCommSize); })
       .def_property_readonly("local_rank", [](const Comm& c) { return c.Int(psdCommLocalRank); })
       .def_property_readonly("local_size", [](const Comm& c) { return c.Int(psdCommLocalSize); })
-      .def("allreduce", &Comm::AllReduce, py::arg("send"), py::arg("recv"))
-      .def("reduce_scatter", &Comm::ReduceScatter, py::arg("send"), py::arg("recv"))
-      .def("allgather", &Comm::AllGather, py::arg("send"), py::arg("recv"))
+      .def("allreduce", &Comm::AllReduce, py::arg("send"), py::arg("recv"),
+           py::arg("detail") = "", kDetailDoc)
+      .def("reduce_scatter", &Comm::ReduceScatter, py::arg("send"), py::arg("recv"),
+           py::arg("detail") = "", kDetailDoc)
+      .def("allgather", &Comm::AllGather, py::arg("send"), py::arg("recv"),
+           py::arg("detail") = "", kDetailDoc)
       .def("broadcast", &Comm::Broadcast, py::arg("buf"), py::arg("root") = 0)
       .def("barrier", &Comm::Barrier)
       .def("fail_collective", &Comm::FailCollective, py::arg("call"), py::arg("message"),

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -193,7 +194,9 @@ TEST_F(ShmSingleCopy, UnreadableInputOnOneRankFailsEveryRankAlike) {
   float* recv = static_cast<float*>(map);
   float* mine = recv + static_cast<size_t>(me) * n;
   for (size_t i = 0; i < n; ++i) mine[i] = static_cast<float>(me + 1);
-  if (me == bad) ASSERT_EQ(munmap(mine, page), 0);
+  if (me == bad) {
+    ASSERT_EQ(munmap(mine, page), 0);
+  }
   Status st = shm_->AllGather(mine, recv, n, DType::kFloat32);
   EXPECT_EQ(st.code(), StatusCode::kBackendError) << st.ToString();
   EXPECT_NE(st.message().find(StrCat("could not read node rank ", bad, "'s buffer")),
@@ -438,6 +441,56 @@ TEST(ShmBackendAgreement, SinkOnTheFirstPieceIsRefusedEverywhere) {
   EXPECT_TRUE(OkOnEveryRank(be.AllReducePieces(pieces, DType::kFloat32, {}, nullptr, &committed)));
   EXPECT_TRUE(committed);
   EXPECT_EQ(body[99], 3.0f * static_cast<float>(World()->size()));
+}
+
+// The caller's terms of a call (CallOptions::detail: an op a binding applies to the sum, say)
+// that differ on one rank fail the call on every rank with each rank's text, on every path
+// (no window: AgreeOnArgs's exchange; the window's agreement with Open MPI carrying the data,
+// threshold raised, or the window carrying it); a detail on one rank and none
+// elsewhere differs too, and a text that differs past the part shown is still caught.
+TEST(ShmBackendAgreement, DetailDiffersOnOneRankOnEveryPath) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  Backend& be = World()->host_backend();
+  const int p = World()->size();
+  const bool odd = World()->rank() == p - 1;
+  const std::string long_text(300, 'x');
+  struct Case {
+    std::optional<std::string> mine, theirs;  // the detail of ranks 0..p-2, of the last rank
+    std::string shown;                        // in the message
+  };
+  const std::vector<Case> cases = {
+      {"op average", "op sum", testing::OneOddGroups(p - 1, "op average", "op sum")},
+      {std::nullopt, "op sum", testing::OneOddGroups(p - 1, "(none)", "op sum")},
+      {long_text, long_text + "y", "differ across ranks"},
+  };
+  for (const char* threshold : {"0", "1", "1000000"}) {
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", threshold).ok());
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const std::optional<std::string>& detail = odd ? cases[c].theirs : cases[c].mine;
+      CallOptions opts;
+      opts.detail = detail ? detail->c_str() : nullptr;
+      std::vector<float> x(8 * static_cast<size_t>(p), 2.0f), y(x.size());
+      Status st = be.AllReduce(x.data(), x.data(), 8, DType::kFloat32, opts);
+      EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << threshold << " " << c
+                                                                   << ": " << st.ToString();
+      EXPECT_NE(st.message().find("AllReduce: the caller's terms of the call differ across "
+                                  "ranks"),
+                std::string::npos)
+          << st.message();
+      EXPECT_NE(st.message().find(cases[c].shown), std::string::npos) << st.message();
+      EXPECT_EQ(x[0], 2.0f) << "the mismatched call changed its buffer";
+      st = be.AllGather(x.data(), y.data(), 8, DType::kFloat32, opts);
+      EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+      st = be.ReduceScatter(x.data(), y.data(), ShardCounts(8 * static_cast<size_t>(p), p),
+                            DType::kFloat32, opts);
+      EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+      // The same terms on every rank pass, and the backend is usable.
+      opts.detail = "op sum";
+      EXPECT_TRUE(OkOnEveryRank(be.AllReduce(x.data(), x.data(), 8, DType::kFloat32, opts)));
+      EXPECT_EQ(x[7], 2.0f * static_cast<float>(p));
+    }
+  }
+  Settings::Global().Reset();
 }
 
 }  // namespace

@@ -518,12 +518,56 @@ def case_refusal_on_one_rank(r, n):
     close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)), "usable after")
 
 
+def case_terms_differ_on_one_rank(r, n):
+    """An op or scale factor that differs on the last rank only fails the call on every rank
+    with MismatchError naming each rank's terms, where it would otherwise return a different
+    result on that rank (a sum there, an average elsewhere). Then the next collective works."""
+    odd = r == n - 1
+    x = torch.ones(4)
+    calls = [
+        ("allreduce op", lambda: hvd.allreduce(x, op=hvd.Sum if odd else hvd.Average),
+         ("op sum", "op average")),
+        ("allreduce_ prescale", lambda: hvd.allreduce_(x.clone(), op=hvd.Sum,
+                                                       prescale_factor=2.0 if odd else 1.0),
+         ("prescale_factor 2.0", "prescale_factor 1.0")),
+        ("allreduce postscale", lambda: hvd.allreduce(x, op=hvd.Sum,
+                                                      postscale_factor=0.5 if odd else 1.0),
+         ("postscale_factor 0.5", "postscale_factor 1.0")),
+        ("allreduce min / max", lambda: hvd.allreduce(x, op=hvd.Max if odd else hvd.Min),
+         ("op max", "op min")),
+        ("grouped_allreduce average", lambda: hvd.grouped_allreduce(
+            [x, x.double()], average=not odd), ("op sum", "op average")),
+        ("allreduce_async op", lambda: hvd.synchronize(hvd.allreduce_async(
+            x, op=hvd.Sum if odd else hvd.Average)), ("op sum", "op average")),
+        ("reducescatter op", lambda: hvd.reducescatter(torch.ones(n, 2),
+                                                       op=hvd.Sum if odd else hvd.Average),
+         ("op sum", "op average")),
+    ]
+    for what, call, (theirs, ours) in calls:
+        start = time.time()
+        try:
+            call()
+            raise AssertionError("%s: returned on rank %d; expected MismatchError" % (what, r))
+        except poseidon.MismatchError as e:
+            msg = str(e)
+            check("differ across ranks" in msg, "%s: %s" % (what, msg))
+            check(theirs in msg and ours in msg, "%s: %s does not name %r and %r"
+                  % (what, msg, theirs, ours))
+            check("rank %d" % (n - 1) in msg, "%s: %s does not name rank %d" % (what, msg, n - 1))
+        check(time.time() - start < 20, "%s took %.1f s" % (what, time.time() - start))
+    # Equal terms spelled alike on every rank pass (average=True is op=Average).
+    close(hvd.allreduce(x, average=True) if odd else hvd.allreduce(x, op=hvd.Average), x,
+          "same terms")
+    close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)), "usable after")
+
+
 CASES = [case_names, case_basics, case_allreduce_dtypes, case_min_max_product,
          case_scale_factors, case_grouped_allreduce, case_allgather_dtypes,
          case_broadcast_dtypes, case_reducescatter, case_alltoall, case_autograd_allreduce,
          case_autograd_allgather, case_autograd_broadcast, case_objects,
          case_parameters_and_optimizer, case_process_set, case_sync_batch_norm, case_sparse,
-         case_sync_points, case_optimizer_process_set, case_refusal_on_one_rank]
+         case_sync_points, case_optimizer_process_set, case_refusal_on_one_rank,
+         case_terms_differ_on_one_rank]
 
 
 def main():

@@ -16,6 +16,7 @@ except ImportError:  # no PyTorch here: skipped (ctest SKIP_RETURN_CODE 77)
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import poseidon
 import poseidon.torch as hvd
 from poseidon.torch._optimizer import _join_optimizers  # hvd.join's work for the optimizers
 
@@ -266,6 +267,28 @@ def construction_errors():
     return problems
 
 
+def terms_differ(rank, size):
+    """An optimizer whose op differs on the last rank only (there it would sum, elsewhere
+    average: the replicas would diverge) fails the first step on every rank with MismatchError
+    naming both ops."""
+    torch.manual_seed(7)
+    model = Net()
+    odd = rank == size - 1
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   op=hvd.Sum if odd else hvd.Average)
+    x, y = batch(rank, 0, 0)
+    try:
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        return ["an op that differs on rank %d was accepted" % (size - 1)]
+    except poseidon.MismatchError as e:
+        msg = str(e)
+        if "op sum" not in msg or "op average" not in msg:
+            return ["the mismatch does not name both ops: %s" % msg]
+    return []
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -320,6 +343,14 @@ def main():
     if rank == 0:
         print("%-24s %s  Adasum, predivide with Sum, other process sets, 0 passes refused"
               % ("construction_errors", "ok  " if bad == 0 else "FAIL"))
+    problems = terms_differ(rank, size) if size > 1 else []
+    for p in problems:
+        print("rank %d: terms_differ: FAIL %s" % (rank, p), file=sys.stderr)
+    bad = hvd.allreduce(torch.tensor([float(len(problems))]), op=hvd.Sum).item()
+    failures += int(bad > 0)
+    if rank == 0:
+        print("%-24s %s  an op that differs on one rank fails every rank, naming both"
+              % ("terms_differ", "ok  " if bad == 0 else "FAIL"))
     dist.destroy_process_group()
     if rank == 0:
         print("hvd_optimizer_test: %s" % ("PASSED" if failures == 0 else "FAILED"))

@@ -130,6 +130,13 @@ def _scale(t, factor):
     return (t.to(_torch.float64) * factor).trunc().to(t.dtype)
 
 
+def _terms(op, prescale, postscale):
+    """This rank's terms of a reduction beyond its tensor, which the ranks compare in the call's
+    argument agreement (Comm's ``detail``): where one rank's op or scale factors differ, every
+    rank raises MismatchError naming each rank's terms instead of returning different results."""
+    return "op %s, prescale_factor %r, postscale_factor %r" % (op, prescale, postscale)
+
+
 def _average_div(t, n, postscale):
     if not t.dtype.is_floating_point and postscale == 1.0:
         return _torch.div(t, n, rounding_mode="trunc")
@@ -150,15 +157,15 @@ def _root_in(comm, process_set, root_rank, what):
     return process_set.ranks.index(root_rank)
 
 
-def _gather_rows(comm, t):
+def _gather_rows(comm, t, detail=""):
     """Every rank's tensor concatenated on dimension 0 (first dimensions may differ), and the
-    row count of each rank."""
+    row count of each rank. ``detail``: the caller's terms, compared across ranks (_terms)."""
     x = _wire(t)
     if x.dim() == 0:
         x = x.reshape(1)
     rows = _torch.tensor([x.shape[0]], dtype=_torch.int64)
     all_rows = _torch.empty(comm.size, dtype=_torch.int64)
-    comm.allgather(rows, all_rows)
+    comm.allgather(rows, all_rows, detail)
     counts = [int(r) for r in all_rows]
     top = max(counts)
     rest = tuple(x.shape[1:])
@@ -183,13 +190,13 @@ def _reduce(comm, tensor, op, prescale, postscale):
         wire = _wire(x)
         if wire is x or wire.data_ptr() == tensor.data_ptr():
             wire = wire.clone()
-        comm.allreduce(wire, wire)
+        comm.allreduce(wire, wire, _terms(op, prescale, postscale))
         out = wire.to(dtype)  # a widened sum wraps like the narrow type's
         if op == Average:
             return _average_div(out, comm.size, postscale)
         return _scale(out, postscale)
     shape = x.shape
-    every, _ = _gather_rows(comm, x.reshape(1, -1))
+    every, _ = _gather_rows(comm, x.reshape(1, -1), _terms(op, prescale, postscale))
     acc = every[0].clone()
     for r in range(1, comm.size):
         if op == Min:

@@ -4,7 +4,7 @@ import torch as _torch
 
 from poseidon.torch._collectives import (_average_div, _check_group, _check_tensor,
                                          _gather_rows, _refusals, _refused, _resolve_op,
-                                         _scale, _submit, _wire, allgather)
+                                         _scale, _submit, _terms, _wire, allgather)
 from poseidon.torch._compression import Compression
 from poseidon.torch._core import Average, Sum, _run
 from poseidon.torch._process_sets import comm_of as _comm_of, global_process_set
@@ -121,7 +121,7 @@ def _reducescatter(comm, tensor, op, prescale, postscale):
         chunks.append(part)
     send = _torch.cat(chunks).contiguous()
     recv = _torch.empty((top,) + rest, dtype=wire.dtype)
-    comm.reduce_scatter(send, recv)
+    comm.reduce_scatter(send, recv, _terms(op, prescale, postscale))
     out = recv[:rows[comm.rank]].to(tensor.dtype)
     if op == Average:
         return _average_div(out, n, postscale)
