@@ -28,9 +28,10 @@ psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call, const c
 // "psdSubmit: <message>" recorded.
 psdResult_t FailSubmit(psdComm_t handle, const std::string& message);
 
-// psdAllReduce, psdReduceScatter and psdAllGather with CallOptions::detail: the binding's own
-// terms of the call beyond its buffers (e.g. "op Average, prescale 1, postscale 1" when it
-// averages the sum itself, or the op it applies to a gathered array), compared across ranks
+// psdAllReduce, psdReduceScatter, psdAllGather and psdBroadcast with CallOptions::detail: the
+// binding's own terms of the call beyond its buffers (e.g. "op average, prescale_factor 1.0,
+// postscale_factor 1.0" when it averages the sum itself, or the name a caller gave the tensor,
+// since calls match by their order on each rank), compared across ranks
 // like the count: a rank whose detail differs fails every rank with psdMismatch naming each
 // rank's text. Null or "" for none.
 psdResult_t AllReduce(psdComm_t comm, const void* send, void* recv, size_t count,
@@ -40,6 +41,8 @@ psdResult_t ReduceScatter(psdComm_t comm, const void* send, void* recv, size_t r
                           const char* detail);
 psdResult_t AllGather(psdComm_t comm, const void* send, void* recv, size_t send_count,
                       psdDataType_t dtype, psdMemory_t memory, void* stream, const char* detail);
+psdResult_t Broadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t dtype, int root,
+                      psdMemory_t memory, void* stream, const char* detail);
 
 // psdWait's timeout rule: negative, or beyond kWaitForeverMs (10^7 s: a duration that large
 // overflows the clock's arithmetic and would time out at once), waits for ever. WaitSeconds

@@ -210,6 +210,25 @@ psdResult_t AllGather(psdComm_t comm, const void* send, void* recv, size_t send_
   });
 }
 
+psdResult_t Broadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t dtype, int root,
+                      psdMemory_t memory, void* stream, const char* detail) {
+  return WithComm("psdBroadcast", comm, [&](CommState& s) -> Status {
+    // The root is checked by the backend's cross-rank agreement (every rank learns of a bad
+    // root on any rank).
+    Backend* be = nullptr;
+    CallOptions opts;
+    PSD_CHECK(capi::FailCollectiveTogether(s, "Broadcast", [&]() -> Status {
+      PSD_CHECK(capi::CheckDTypeArg(dtype));
+      PSD_CHECK(capi::CheckBufferArg("buf", buf, count, dtype));
+      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
+      return Status::Ok();
+    }(), memory));
+    opts.detail = detail;
+    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
+    return be->Broadcast(buf, count, static_cast<DType>(dtype), root, opts);
+  });
+}
+
 }  // namespace poseidon::capi
 
 using namespace poseidon;  // NOLINT: the entry points below name many core types
@@ -401,20 +420,7 @@ psdResult_t psdAllGather(psdComm_t comm, const void* send, void* recv, size_t se
 
 psdResult_t psdBroadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t dtype, int root,
                          psdMemory_t memory, void* stream) {
-  return WithComm("psdBroadcast", comm, [&](CommState& s) -> Status {
-    // The root is checked by the backend's cross-rank agreement (every rank learns of a bad
-    // root on any rank).
-    Backend* be = nullptr;
-    CallOptions opts;
-    PSD_CHECK(capi::FailCollectiveTogether(s, "Broadcast", [&]() -> Status {
-      PSD_CHECK(capi::CheckDTypeArg(dtype));
-      PSD_CHECK(capi::CheckBufferArg("buf", buf, count, dtype));
-      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
-      return Status::Ok();
-    }(), memory));
-    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
-    return be->Broadcast(buf, count, static_cast<DType>(dtype), root, opts);
-  });
+  return capi::Broadcast(comm, buf, count, dtype, root, memory, stream, nullptr);
 }
 
 psdResult_t psdBarrier(psdComm_t comm) {

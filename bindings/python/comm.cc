@@ -182,11 +182,12 @@ class Comm {
                                        detail.c_str());
     });
   }
-  void Broadcast(py::handle buf, int root) {
+  void Broadcast(py::handle buf, int root, const std::string& detail) {
     View b;
     LocalChecks("psdBroadcast", "Broadcast", [&] { b = ToView(buf, "broadcast: buf", true); });
     Blocking([&](psdComm_t c) {
-      return psdBroadcast(c, b.data, b.count, b.dtype, root, b.memory, nullptr);
+      return poseidon::capi::Broadcast(c, b.data, b.count, b.dtype, root, b.memory, nullptr,
+                                       detail.c_str());
     });
   }
   void Barrier() {
@@ -499,7 +500,8 @@ void BindComm(py::module_& m) {
            py::arg("detail") = "", kDetailDoc)
       .def("allgather", &Comm::AllGather, py::arg("send"), py::arg("recv"),
            py::arg("detail") = "", kDetailDoc)
-      .def("broadcast", &Comm::Broadcast, py::arg("buf"), py::arg("root") = 0)
+      .def("broadcast", &Comm::Broadcast, py::arg("buf"), py::arg("root") = 0,
+           py::arg("detail") = "", kDetailDoc)
       .def("barrier", &Comm::Barrier)
       .def("fail_collective", &Comm::FailCollective, py::arg("call"), py::arg("message"),
            "Joins the peers' matching collective with this rank's refusal (message), so that it "

@@ -519,9 +519,10 @@ def case_refusal_on_one_rank(r, n):
 
 
 def case_terms_differ_on_one_rank(r, n):
-    """An op or scale factor that differs on the last rank only fails the call on every rank
-    with MismatchError naming each rank's terms, where it would otherwise return a different
-    result on that rank (a sum there, an average elsewhere). Then the next collective works."""
+    """An op, scale factor or name that differs on the last rank only fails the call on every
+    rank with MismatchError naming each rank's terms, where it would otherwise return a
+    different result on that rank (a sum there, an average elsewhere; another tensor's values).
+    Then the next collective works."""
     odd = r == n - 1
     x = torch.ones(4)
     calls = [
@@ -542,6 +543,26 @@ def case_terms_differ_on_one_rank(r, n):
         ("reducescatter op", lambda: hvd.reducescatter(torch.ones(n, 2),
                                                        op=hvd.Sum if odd else hvd.Average),
          ("op sum", "op average")),
+        # Calls match by their order on each rank: a name that differs means the ranks are
+        # exchanging different tensors in this call.
+        ("allreduce name", lambda: hvd.allreduce(x, name="acc" if odd else "loss"),
+         ("name 'acc'", "name 'loss'")),
+        ("grouped_allreduce_ name", lambda: hvd.grouped_allreduce_(
+            [x.clone()], name="b" if odd else "a"), ("name 'b'", "name 'a'")),
+        ("reducescatter name", lambda: hvd.reducescatter(torch.ones(n, 2),
+                                                         name="b" if odd else "a"),
+         ("name 'b'", "name 'a'")),
+        ("allgather name", lambda: hvd.allgather(x, name="b" if odd else "a"),
+         ("name 'b'", "name 'a'")),
+        ("allgather_async named on one rank", lambda: hvd.synchronize(hvd.allgather_async(
+            x, name="b" if odd else None)), ("name 'b'", "(none)")),
+        ("alltoall name", lambda: hvd.alltoall(torch.ones(n, 1), name="b" if odd else "a"),
+         ("name 'b'", "name 'a'")),
+        ("broadcast_ name", lambda: hvd.broadcast_(x.clone(), 0, name="b" if odd else "a"),
+         ("name 'b'", "name 'a'")),
+        ("broadcast_parameters keys", lambda: hvd.broadcast_parameters(
+            {"fc.bias" if odd else "fc.weight": x.clone()}, root_rank=0),
+         ("name 'fc.bias'", "name 'fc.weight'")),
     ]
     for what, call, (theirs, ours) in calls:
         start = time.time()
@@ -558,6 +579,10 @@ def case_terms_differ_on_one_rank(r, n):
     # Equal terms spelled alike on every rank pass (average=True is op=Average).
     close(hvd.allreduce(x, average=True) if odd else hvd.allreduce(x, op=hvd.Average), x,
           "same terms")
+    close(hvd.allreduce(x, name="loss", op=hvd.Sum), x * n, "same name")
+    params = {"fc.weight": torch.full((3,), float(r)), "fc.bias": torch.full((2,), float(r))}
+    hvd.broadcast_parameters(params, root_rank=0)
+    same(params["fc.bias"], torch.zeros(2), "broadcast_parameters with the same keys")
     close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)), "usable after")
 
 

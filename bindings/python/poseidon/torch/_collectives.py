@@ -2,7 +2,9 @@
 
 Every collective runs on the package's one worker thread, in the order this rank issued it
 (blocking calls wait for it; the ``_async`` forms return a handle for ``synchronize`` /
-``poll``), so every rank issues them in the same order.
+``poll``), so every rank issues them in the same order. Calls match by that order: each call's
+op, scale factors and name travel in its argument agreement (_terms), and one that differs on
+a rank fails the call on every rank with MismatchError.
 
 Dtypes: Poseidon moves float32, float64, float16, bfloat16, int32 and int64; uint8, int8,
 int16 and bool travel widened to int32 and are narrowed back exactly (a sum wraps like the
@@ -130,11 +132,20 @@ def _scale(t, factor):
     return (t.to(_torch.float64) * factor).trunc().to(t.dtype)
 
 
-def _terms(op, prescale, postscale):
+def _named(name):
+    """The ``name`` a caller gave a collective, as compared across ranks ("" for none): calls
+    match by their order on each rank, so a name that differs means the ranks are exchanging
+    different tensors in this call (where Horovod, which matches by name, would stall)."""
+    return "" if name is None else "name %r" % (str(name),)
+
+
+def _terms(op, prescale, postscale, name=None):
     """This rank's terms of a reduction beyond its tensor, which the ranks compare in the call's
-    argument agreement (Comm's ``detail``): where one rank's op or scale factors differ, every
-    rank raises MismatchError naming each rank's terms instead of returning different results."""
-    return "op %s, prescale_factor %r, postscale_factor %r" % (op, prescale, postscale)
+    argument agreement (Comm's ``detail``): where one rank's op, scale factors or name differ,
+    every rank raises MismatchError naming each rank's terms instead of returning different
+    results."""
+    terms = "op %s, prescale_factor %r, postscale_factor %r" % (op, prescale, postscale)
+    return terms if name is None else terms + ", " + _named(name)
 
 
 def _average_div(t, n, postscale):
@@ -180,7 +191,7 @@ def _gather_rows(comm, t, detail=""):
 
 
 # -- allreduce ----------------------------------------------------------------------------
-def _reduce(comm, tensor, op, prescale, postscale):
+def _reduce(comm, tensor, op, prescale, postscale, name=None):
     """A new tensor: op over the ranks of ``comm`` of ``tensor`` (which is not modified)."""
     if tensor.dtype == _torch.bool:
         raise TypeError("allreduce: bool tensors cannot be reduced; expected a number dtype")
@@ -190,13 +201,13 @@ def _reduce(comm, tensor, op, prescale, postscale):
         wire = _wire(x)
         if wire is x or wire.data_ptr() == tensor.data_ptr():
             wire = wire.clone()
-        comm.allreduce(wire, wire, _terms(op, prescale, postscale))
+        comm.allreduce(wire, wire, _terms(op, prescale, postscale, name))
         out = wire.to(dtype)  # a widened sum wraps like the narrow type's
         if op == Average:
             return _average_div(out, comm.size, postscale)
         return _scale(out, postscale)
     shape = x.shape
-    every, _ = _gather_rows(comm, x.reshape(1, -1), _terms(op, prescale, postscale))
+    every, _ = _gather_rows(comm, x.reshape(1, -1), _terms(op, prescale, postscale, name))
     acc = every[0].clone()
     for r in range(1, comm.size):
         if op == Min:
@@ -212,16 +223,16 @@ class _Allreduce(_torch.autograd.Function):
     """allreduce; the gradient is the allreduce of the output's gradient with the same op."""
 
     @staticmethod
-    def forward(ctx, tensor, op, prescale, postscale, process_set):
+    def forward(ctx, tensor, op, prescale, postscale, process_set, name):
         ctx.args = (op, prescale, postscale, process_set)
         return _run(_reduce, _comm_of(process_set, "allreduce"), tensor, op, prescale,
-                    postscale)
+                    postscale, name)
 
     @staticmethod
     def backward(ctx, grad):
         op, prescale, postscale, process_set = ctx.args
         return (allreduce(grad, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                          process_set=process_set), None, None, None, None)
+                          process_set=process_set), None, None, None, None, None)
 
 
 @_refusals("AllReduce")
@@ -234,12 +245,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     _comm_of(process_set, "allreduce")
     wire, ctx = compression.compress(tensor)
     out = _Allreduce.apply(wire, op, float(prescale_factor), float(postscale_factor),
-                           process_set)
+                           process_set, name)
     return compression.decompress(out, ctx)
 
 
-def _reduce_into(comm, tensor, op, prescale, postscale):
-    out = _reduce(comm, tensor, op, prescale, postscale)
+def _reduce_into(comm, tensor, op, prescale, postscale, name=None):
+    out = _reduce(comm, tensor, op, prescale, postscale, name)
     with _torch.no_grad():
         tensor.copy_(out)
     return tensor
@@ -255,9 +266,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     comm = _comm_of(process_set, "allreduce_")
     if compression is Compression.none:
         return _run(_reduce_into, comm, tensor, op, float(prescale_factor),
-                    float(postscale_factor))
+                    float(postscale_factor), name)
     wire, ctx = compression.compress(tensor.detach())
-    out = _run(_reduce, comm, wire, op, float(prescale_factor), float(postscale_factor))
+    out = _run(_reduce, comm, wire, op, float(prescale_factor), float(postscale_factor), name)
     with _torch.no_grad():
         tensor.copy_(compression.decompress(out, ctx))
     return tensor
@@ -279,7 +290,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = _resolve_op(average, op)
     _check_tensor(tensor, "allreduce_async_", reduce=True)
     return _submit(_reduce_into, _comm_of(process_set, "allreduce_async_"), tensor, op,
-                   float(prescale_factor), float(postscale_factor))
+                   float(prescale_factor), float(postscale_factor), name)
 
 
 @_refusals("AllReduce")
@@ -288,7 +299,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     op = _resolve_op(average, op)
     _check_tensor(tensor, "allreduce_async", reduce=True)
     return _submit(_reduce, _comm_of(process_set, "allreduce_async"), tensor.detach().clone(),
-                   op, float(prescale_factor), float(postscale_factor))
+                   op, float(prescale_factor), float(postscale_factor), name)
 
 
 def poll(handle):
@@ -314,7 +325,7 @@ def synchronize(handle):
 
 
 # -- grouped allreduce --------------------------------------------------------------------
-def _reduce_group(comm, tensors, op, prescale, postscale):
+def _reduce_group(comm, tensors, op, prescale, postscale, name=None):
     """New tensors: one fused reduction per dtype of the flattened tensors."""
     outs = [None] * len(tensors)
     by_dtype = {}
@@ -322,7 +333,7 @@ def _reduce_group(comm, tensors, op, prescale, postscale):
         by_dtype.setdefault(t.dtype, []).append(i)
     for idx in by_dtype.values():
         flat = _torch.cat([tensors[i].detach().reshape(-1) for i in idx])
-        red = _reduce(comm, flat, op, prescale, postscale)
+        red = _reduce(comm, flat, op, prescale, postscale, name)
         offset = 0
         for i in idx:
             n = tensors[i].numel()
@@ -331,8 +342,8 @@ def _reduce_group(comm, tensors, op, prescale, postscale):
     return outs
 
 
-def _reduce_group_into(comm, tensors, op, prescale, postscale):
-    outs = _reduce_group(comm, tensors, op, prescale, postscale)
+def _reduce_group_into(comm, tensors, op, prescale, postscale, name=None):
+    outs = _reduce_group(comm, tensors, op, prescale, postscale, name)
     with _torch.no_grad():
         for t, o in zip(tensors, outs):
             t.copy_(o)
@@ -341,15 +352,15 @@ def _reduce_group_into(comm, tensors, op, prescale, postscale):
 
 class _GroupedAllreduce(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, prescale, postscale, process_set, *tensors):
+    def forward(ctx, op, prescale, postscale, process_set, name, *tensors):
         ctx.args = (op, prescale, postscale, process_set)
         return tuple(_run(_reduce_group, _comm_of(process_set, "grouped_allreduce"),
-                          list(tensors), op, prescale, postscale))
+                          list(tensors), op, prescale, postscale, name))
 
     @staticmethod
     def backward(ctx, *grads):
         op, prescale, postscale, process_set = ctx.args
-        return (None, None, None, None) + tuple(grouped_allreduce(
+        return (None, None, None, None, None) + tuple(grouped_allreduce(
             list(grads), op=op, prescale_factor=prescale, postscale_factor=postscale,
             process_set=process_set))
 
@@ -374,7 +385,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     _comm_of(process_set, "grouped_allreduce")
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(op, float(prescale_factor), float(postscale_factor),
-                                   process_set, *[w for w, _ in pairs])
+                                   process_set, name, *[w for w, _ in pairs])
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
 
 
@@ -384,7 +395,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     op = _resolve_op(average, op, "grouped_allreduce_")
     tensors = _check_group(tensors, "grouped_allreduce_", reduce=True)
     return _run(_reduce_group_into, _comm_of(process_set, "grouped_allreduce_"), tensors, op,
-                float(prescale_factor), float(postscale_factor))
+                float(prescale_factor), float(postscale_factor), name)
 
 
 @_refusals("AllReduce")
@@ -394,7 +405,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     tensors = _check_group(tensors, "grouped_allreduce_async", reduce=True)
     return _submit(_reduce_group, _comm_of(process_set, "grouped_allreduce_async"),
                    [t.detach().clone() for t in tensors], op, float(prescale_factor),
-                   float(postscale_factor))
+                   float(postscale_factor), name)
 
 
 @_refusals("AllReduce")
@@ -403,7 +414,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     op = _resolve_op(average, op, "grouped_allreduce_async_")
     tensors = _check_group(tensors, "grouped_allreduce_async_", reduce=True)
     return _submit(_reduce_group_into, _comm_of(process_set, "grouped_allreduce_async_"),
-                   tensors, op, float(prescale_factor), float(postscale_factor))
+                   tensors, op, float(prescale_factor), float(postscale_factor), name)
 
 
 @_refusals("AllGather")
@@ -437,9 +448,9 @@ class _Allgather(_torch.autograd.Function):
     """allgather; the gradient is this rank's rows of the summed output gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, process_set):
+    def forward(ctx, tensor, process_set, name):
         comm = _comm_of(process_set, "allgather")
-        out, counts = _run(_gather_rows, comm, tensor)
+        out, counts = _run(_gather_rows, comm, tensor, _named(name))
         ctx.process_set = process_set
         ctx.rows = counts
         ctx.rank = comm.rank
@@ -451,7 +462,7 @@ class _Allgather(_torch.autograd.Function):
         summed = allreduce(grad.contiguous(), op=Sum, process_set=ctx.process_set)
         offset = sum(ctx.rows[:ctx.rank])
         mine = summed.narrow(0, offset, ctx.rows[ctx.rank])
-        return (mine.reshape(()) if ctx.scalar else mine), None
+        return (mine.reshape(()) if ctx.scalar else mine), None, None
 
 
 @_refusals("AllGather")
@@ -459,53 +470,53 @@ def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's tensor concatenated on dimension 0 (first dimensions may differ).
     Differentiable."""
     _check_tensor(tensor, "allgather")
-    return _Allgather.apply(tensor, process_set)
+    return _Allgather.apply(tensor, process_set, name)
 
 
-def _gather_only(comm, tensor):
-    return _gather_rows(comm, tensor)[0]
+def _gather_only(comm, tensor, name=None):
+    return _gather_rows(comm, tensor, _named(name))[0]
 
 
 @_refusals("AllGather")
 def allgather_async(tensor, name=None, process_set=global_process_set):
     _check_tensor(tensor, "allgather_async")
     return _submit(_gather_only, _comm_of(process_set, "allgather_async"),
-                   tensor.detach().clone())
+                   tensor.detach().clone(), name)
 
 
-def _gather_group(comm, tensors):
-    return [_gather_rows(comm, t)[0] for t in tensors]
+def _gather_group(comm, tensors, name=None):
+    return [_gather_rows(comm, t, _named(name))[0] for t in tensors]
 
 
 @_refusals("AllGather")
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """allgather of each tensor of a list; returns a list. Differentiable."""
     tensors = _check_group(tensors, "grouped_allgather")
-    return [allgather(t, process_set=process_set) for t in tensors]
+    return [allgather(t, name=name, process_set=process_set) for t in tensors]
 
 
 @_refusals("AllGather")
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     tensors = _check_group(tensors, "grouped_allgather_async")
     return _submit(_gather_group, _comm_of(process_set, "grouped_allgather_async"),
-                   [t.detach().clone() for t in tensors])
+                   [t.detach().clone() for t in tensors], name)
 
 
 # -- broadcast ----------------------------------------------------------------------------
-def _broadcast_into(comm, tensor, root):
+def _broadcast_into(comm, tensor, root, name=None):
     wire = _wire(tensor)
     if wire.data_ptr() == tensor.data_ptr() and wire.is_contiguous() and \
             tensor.is_contiguous():
-        comm.broadcast(wire, root)
+        comm.broadcast(wire, root, _named(name))
         return tensor
-    comm.broadcast(wire, root)
+    comm.broadcast(wire, root, _named(name))
     with _torch.no_grad():
         tensor.copy_(wire.to(tensor.dtype))
     return tensor
 
 
-def _broadcast_new(comm, tensor, root):
-    return _broadcast_into(comm, tensor.detach().clone(), root)
+def _broadcast_new(comm, tensor, root, name=None):
+    return _broadcast_into(comm, tensor.detach().clone(), root, name)
 
 
 class _Broadcast(_torch.autograd.Function):
@@ -513,19 +524,19 @@ class _Broadcast(_torch.autograd.Function):
     elsewhere."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, process_set):
+    def forward(ctx, tensor, root_rank, process_set, name):
         comm = _comm_of(process_set, "broadcast")
         root = _root_in(comm, process_set, root_rank, "broadcast")
         ctx.process_set = process_set
         ctx.is_root = comm.rank == root
-        return _run(_broadcast_new, comm, tensor, root)
+        return _run(_broadcast_new, comm, tensor, root, name)
 
     @staticmethod
     def backward(ctx, grad):
         summed = allreduce(grad.contiguous(), op=Sum, process_set=ctx.process_set)
         if not ctx.is_root:
             summed = _torch.zeros_like(summed)
-        return summed, None, None
+        return summed, None, None, None
 
 
 @_refusals("Broadcast")
@@ -533,7 +544,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """A new tensor holding root_rank's ``tensor`` (root_rank: a global rank).
     Differentiable."""
     _check_tensor(tensor, "broadcast")
-    return _Broadcast.apply(tensor, root_rank, process_set)
+    return _Broadcast.apply(tensor, root_rank, process_set, name)
 
 
 @_refusals("Broadcast")
@@ -542,7 +553,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     _check_tensor(tensor, "broadcast_")
     comm = _comm_of(process_set, "broadcast_")
     return _run(_broadcast_into, comm, tensor, _root_in(comm, process_set, root_rank,
-                                                        "broadcast_"))
+                                                        "broadcast_"), name)
 
 
 @_refusals("Broadcast")
@@ -550,7 +561,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     _check_tensor(tensor, "broadcast_async")
     comm = _comm_of(process_set, "broadcast_async")
     return _submit(_broadcast_new, comm, tensor,
-                   _root_in(comm, process_set, root_rank, "broadcast_async"))
+                   _root_in(comm, process_set, root_rank, "broadcast_async"), name)
 
 
 @_refusals("Broadcast")
@@ -558,7 +569,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     _check_tensor(tensor, "broadcast_async_")
     comm = _comm_of(process_set, "broadcast_async_")
     return _submit(_broadcast_into, comm, tensor,
-                   _root_in(comm, process_set, root_rank, "broadcast_async_"))
+                   _root_in(comm, process_set, root_rank, "broadcast_async_"), name)
 
 
 # -- synchronization ----------------------------------------------------------------------

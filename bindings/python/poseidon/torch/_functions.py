@@ -101,33 +101,35 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return _run(_allgather_object, comm, obj, ranks)
 
 
-def _broadcast_all(comm, tensors, root):
-    for t in tensors:
-        _broadcast_into(comm, t, root)
+def _broadcast_all(comm, tensors, root, names=None):
+    for i, t in enumerate(tensors):
+        _broadcast_into(comm, t, root, None if names is None else names[i])
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Copies root_rank's parameters to every rank, in place. ``params``: a state_dict (any
     dict, broadcast in sorted key order), named_parameters() pairs, or parameters / tensors.
-    Every rank must pass the same entries in the same order."""
+    Every rank must pass the same entries in the same order: where entries are named (a dict,
+    or pairs), a name that differs on one rank fails every rank with MismatchError naming it."""
     if isinstance(params, dict):
-        items = [t for _, t in sorted(params.items())]
+        items = sorted(params.items())
     elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
-        items = [p[1] if isinstance(p, tuple) else p for p in params]
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError("broadcast_parameters: invalid params of type %s; expected a dict or "
                          "a list of tensors or (name, tensor) pairs" % type(params).__name__)
-    tensors = []
-    for p in items:
+    tensors, names = [], []
+    for name, p in items:
         if p is None:
             continue
         if not isinstance(p, _torch.Tensor):
             raise ValueError("broadcast_parameters: expected tensors, got %s"
                              % type(p).__name__)
         tensors.append(p.data if isinstance(p, _torch.nn.Parameter) else p)
+        names.append(name)
     comm = _comm_of(process_set, "broadcast_parameters")
     _run(_broadcast_all, comm, tensors, _root_in(comm, process_set, root_rank,
-                                                 "broadcast_parameters"))
+                                                 "broadcast_parameters"), names)
 
 
 def _initialize_state(optimizer, model):

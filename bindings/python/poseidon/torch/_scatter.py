@@ -3,15 +3,16 @@ _collectives (see its docstring for dtypes, ops and ordering)."""
 import torch as _torch
 
 from poseidon.torch._collectives import (_average_div, _check_group, _check_tensor,
-                                         _gather_rows, _refusals, _refused, _resolve_op,
-                                         _scale, _submit, _terms, _wire, allgather)
+                                         _gather_rows, _named, _refusals, _refused,
+                                         _resolve_op, _scale, _submit, _terms, _wire,
+                                         allgather)
 from poseidon.torch._compression import Compression
 from poseidon.torch._core import Average, Sum, _run
 from poseidon.torch._process_sets import comm_of as _comm_of, global_process_set
 
 
 # -- alltoall -----------------------------------------------------------------------------
-def _alltoall(comm, tensor, splits):
+def _alltoall(comm, tensor, splits, name=None):
     """Rows splits[r] of ``tensor`` go to rank r (in order); returns the rows received from
     every rank (in rank order) and how many came from each. Moves every rank's whole tensor
     to every rank (an allgather): Poseidon has no alltoall."""
@@ -33,7 +34,7 @@ def _alltoall(comm, tensor, splits):
             raise _refused(comm, "AllGather", ValueError(
                 "alltoall: splits %r must be %d non-negative counts summing to the first "
                 "dimension (%d)" % (send, n, x.shape[0])))
-    matrix, _ = _gather_rows(comm, _torch.tensor([send], dtype=_torch.int64))
+    matrix, _ = _gather_rows(comm, _torch.tensor([send], dtype=_torch.int64), _named(name))
     data, counts = _gather_rows(comm, x)
     me = comm.rank
     parts = []
@@ -51,8 +52,9 @@ class _Alltoall(_torch.autograd.Function):
     """alltoall; the gradient goes back with the received splits."""
 
     @staticmethod
-    def forward(ctx, tensor, splits, process_set):
-        out, received = _run(_alltoall, _comm_of(process_set, "alltoall"), tensor, splits)
+    def forward(ctx, tensor, splits, process_set, name):
+        out, received = _run(_alltoall, _comm_of(process_set, "alltoall"), tensor, splits,
+                             name)
         ctx.process_set = process_set
         ctx.received = received
         ctx.mark_non_differentiable(received)
@@ -62,7 +64,7 @@ class _Alltoall(_torch.autograd.Function):
     def backward(ctx, grad, _unused):
         back, _ = alltoall(grad.contiguous(), splits=ctx.received,
                            process_set=ctx.process_set)
-        return back, None, None
+        return back, None, None, None
 
 
 @_refusals("AllGather")
@@ -71,7 +73,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     rows received from every rank in rank order and, when ``splits`` is given, a tensor of
     how many rows came from each rank. Differentiable."""
     _check_tensor(tensor, "alltoall")
-    out, received = _Alltoall.apply(tensor, splits, process_set)
+    out, received = _Alltoall.apply(tensor, splits, process_set, name)
     if splits is None:
         return out
     if isinstance(splits, _torch.Tensor):
@@ -84,7 +86,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Handle whose synchronize() gives (output, received splits)."""
     _check_tensor(tensor, "alltoall_async")
     return _submit(_alltoall, _comm_of(process_set, "alltoall_async"),
-                   tensor.detach().clone(), splits)
+                   tensor.detach().clone(), splits, name)
 
 
 # -- reducescatter ------------------------------------------------------------------------
@@ -93,7 +95,7 @@ def _split_rows(total, n):
     return [total // n + (1 if r < total % n else 0) for r in range(n)]
 
 
-def _reducescatter(comm, tensor, op, prescale, postscale):
+def _reducescatter(comm, tensor, op, prescale, postscale, name=None):
     if op not in (Average, Sum):
         raise _refused(comm, "ReduceScatter",
                        ValueError("reducescatter: op must be Average or Sum"))
@@ -121,7 +123,7 @@ def _reducescatter(comm, tensor, op, prescale, postscale):
         chunks.append(part)
     send = _torch.cat(chunks).contiguous()
     recv = _torch.empty((top,) + rest, dtype=wire.dtype)
-    comm.reduce_scatter(send, recv, _terms(op, prescale, postscale))
+    comm.reduce_scatter(send, recv, _terms(op, prescale, postscale, name))
     out = recv[:rows[comm.rank]].to(tensor.dtype)
     if op == Average:
         return _average_div(out, n, postscale)
@@ -133,17 +135,17 @@ class _Reducescatter(_torch.autograd.Function):
     forward)."""
 
     @staticmethod
-    def forward(ctx, tensor, op, prescale, postscale, process_set):
+    def forward(ctx, tensor, op, prescale, postscale, process_set, name):
         comm = _comm_of(process_set, "reducescatter")
         ctx.args = (op, prescale, postscale, process_set, comm.size)
-        return _run(_reducescatter, comm, tensor, op, prescale, postscale)
+        return _run(_reducescatter, comm, tensor, op, prescale, postscale, name)
 
     @staticmethod
     def backward(ctx, grad):
         op, prescale, postscale, process_set, n = ctx.args
         full = allgather(grad.contiguous(), process_set=process_set)
         factor = prescale * postscale / (n if op == Average else 1)
-        return _scale(full, factor), None, None, None, None
+        return _scale(full, factor), None, None, None, None, None
 
 
 @_refusals("ReduceScatter")
@@ -156,7 +158,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     _check_tensor(tensor, "reducescatter")
     wire, ctx = compression.compress(tensor)
     out = _Reducescatter.apply(wire, op, float(prescale_factor), float(postscale_factor),
-                               process_set)
+                               process_set, name)
     return compression.decompress(out, ctx)
 
 
@@ -166,11 +168,12 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     op = _resolve_op(None, op, "reducescatter_async")
     _check_tensor(tensor, "reducescatter_async")
     return _submit(_reducescatter, _comm_of(process_set, "reducescatter_async"),
-                   tensor.detach().clone(), op, float(prescale_factor), float(postscale_factor))
+                   tensor.detach().clone(), op, float(prescale_factor), float(postscale_factor),
+                   name)
 
 
-def _reducescatter_group(comm, tensors, op, prescale, postscale):
-    return [_reducescatter(comm, t, op, prescale, postscale) for t in tensors]
+def _reducescatter_group(comm, tensors, op, prescale, postscale, name=None):
+    return [_reducescatter(comm, t, op, prescale, postscale, name) for t in tensors]
 
 
 @_refusals("ReduceScatter")
@@ -179,8 +182,9 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           postscale_factor=1.0):
     """reducescatter of each tensor of a list; returns a list. Differentiable."""
     tensors = _check_group(tensors, "grouped_reducescatter")
-    return [reducescatter(t, compression=compression, op=op, process_set=process_set,
-                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    return [reducescatter(t, name=name, compression=compression, op=op,
+                          process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor)
             for t in tensors]
 
 
@@ -192,4 +196,4 @@ def grouped_reducescatter_async(tensors, name=None, op=Average,
     tensors = _check_group(tensors, "grouped_reducescatter_async")
     return _submit(_reducescatter_group, _comm_of(process_set, "grouped_reducescatter_async"),
                    [t.detach().clone() for t in tensors], op, float(prescale_factor),
-                   float(postscale_factor))
+                   float(postscale_factor), name)
