@@ -1,7 +1,8 @@
 // HybridCollective: registration, planning and per-layer dispatch.
 //  BuildPlan: cost model (probe / cache / given) -> MakePlan over every layer -> every rank
 //  checks that all ranks hold the same plan (a hash allgather), so a rank that registered
-//  different layers fails everywhere with a clear error instead of deadlocking in Exchange.
+//  different layers fails everywhere with a clear error instead of deadlocking in Exchange;
+//  the error names the first line of the table where that rank's plan and rank 0's part.
 //  Exchange: the layer's planned strategy runs with its LayerState (made on first use, kept
 //  while the strategy stays the same), then the traffic counters are updated.
 #include "collectives/hybrid.h"
@@ -54,6 +55,55 @@ Result<int> HybridCollective::RegisterLayer(const LayerSpec& spec) {
   return id;
 }
 
+namespace {
+
+// `text` from `root` on every rank (its length, then its bytes one per int32: plan tables are
+// a few KiB, and this runs only on the error path).
+Result<std::string> BroadcastText(Backend& be, const std::string& text, int root, int me) {
+  int64_t n = me == root ? static_cast<int64_t>(text.size()) : 0;
+  PSD_CHECK(be.Broadcast(&n, 1, DType::kInt64, root));
+  std::vector<int32_t> bytes(static_cast<size_t>(n));
+  if (me == root) {
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
+  }
+  PSD_CHECK(be.Broadcast(bytes.data(), bytes.size(), DType::kInt32, root));
+  std::string out(bytes.size(), '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<char>(bytes[i]);
+  return out;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  return lines;
+}
+
+}  // namespace
+
+Result<std::string> HybridCollective::FirstPlanDifference(const std::string& mine, int other) {
+  Backend& be = comm_->host_backend();
+  const int me = comm_->rank();
+  PSD_ASSIGN_OR_RETURN(std::string first, BroadcastText(be, mine, 0, me));
+  std::string where;
+  if (me == other) {
+    const std::vector<std::string> a = Lines(first), b = Lines(mine);
+    size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    auto line = [](const std::vector<std::string>& v, size_t k) {
+      return k < v.size() ? "'" + v[k] + "'" : std::string("(no such line)");
+    };
+    where = StrCat("first at line ", i + 1, " of the table: rank 0 ", line(a, i), ", rank ", me,
+                   " ", line(b, i));
+  }
+  return BroadcastText(be, where, other, me);
+}
+
 Status HybridCollective::BuildPlan(size_t batch) {
   PSD_ASSIGN_OR_RETURN(CostModel model, LoadOrMeasureCostModel(*comm_, *ctx_.kernels));
   return BuildPlan(batch, model);
@@ -80,10 +130,11 @@ Status HybridCollective::BuildPlan(size_t batch, const CostModel& model,
   PSD_CHECK(comm_->host_backend().AllGather(&mine, all.data(), 1, DType::kInt64));
   for (int r = 0; r < world(); ++r) {
     if (all[static_cast<size_t>(r)] != all[0]) {
+      // Every rank knows r: name the first line where its plan and rank 0's part.
+      PSD_ASSIGN_OR_RETURN(std::string where, FirstPlanDifference(text, r));
       return MismatchError("BuildPlan: the plan on rank ", r, " differs from rank 0's (",
-                           num_layers(), " layers here, batch ", batch,
-                           "); expected every rank to register the same layers in the same "
-                           "order with the same batch");
+                           where, "); expected every rank to register the same layers in the "
+                           "same order with the same batch and settings");
     }
   }
   model_ = model;

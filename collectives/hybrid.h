@@ -181,6 +181,10 @@ class HybridCollective {
  private:
   HybridCollective() = default;
   Status CheckId(const char* call, int id) const;
+  // BuildPlan's error path, on every rank: where rank `other`'s plan table (`mine` there)
+  // first differs from rank 0's, as "first at line N of the table: rank 0 '...', rank r '...'".
+  // Collective.
+  Result<std::string> FirstPlanDifference(const std::string& mine, int other);
   // ExchangeDense's tail for a layer it summed (fusion buffer, slices, chunks): buffers.grad
   // holds the sum over ranks of layer `id` (planned allreduce); applies the 1/P average or,
   // with an optimizer, the step on buffers.params with the average fused in: bitwise what

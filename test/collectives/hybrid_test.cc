@@ -16,6 +16,7 @@
 #include "runtime/settings.h"
 #include "runtime/shard.h"
 #include "test/collectives/hybrid_test_util.h"
+#include "test/mpi/rank_checks.h"
 #include "test/mpi_test_main.h"
 
 namespace poseidon {
@@ -511,7 +512,38 @@ TEST(Hybrid, DisagreeingPlansFailEveryRank) {
   Status st = Plan(*h, 1);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), StatusCode::kMismatch);
-  EXPECT_NE(st.message().find("differs from rank 0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("the plan on rank 1 differs from rank 0's (first at line 4 of "
+                              "the table: rank 0 'b 5 dense allreduce"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("rank 1 '# predicted"), std::string::npos) << st.message();
+}
+
+// A layer whose forced strategy differs on the last rank only: every rank's error names the
+// layer's line on rank 0 and on that rank.
+TEST(Hybrid, PlanThatDiffersOnTheLastRankNamesTheLayer) {
+  if (Size() == 1) GTEST_SKIP() << "needs two ranks";
+  auto h = MakeHybrid();
+  const bool odd = Rank() == Size() - 1;
+  ASSERT_TRUE(h->RegisterLayer(Layer("a", {10}, LayerKind::kDense, StrategyKind::kAllReduce)).ok());
+  ASSERT_TRUE(h->RegisterLayer(Layer("w", {64}, LayerKind::kSparse,
+                                     odd ? StrategyKind::kTopk : StrategyKind::kAllReduce))
+                  .ok());
+  Status st = Plan(*h, 1);
+  EXPECT_TRUE(testing::OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find(StrCat("the plan on rank ", Size() - 1,
+                                     " differs from rank 0's (first at line 4 of the table: "
+                                     "rank 0 'w 64 sparse allreduce")),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find(StrCat("rank ", Size() - 1, " 'w 64 sparse topk")),
+            std::string::npos)
+      << st.message();
+  // Agreeing layers plan afterwards.
+  auto again = MakeHybrid();
+  ASSERT_TRUE(
+      again->RegisterLayer(Layer("a", {10}, LayerKind::kDense, StrategyKind::kAllReduce)).ok());
+  EXPECT_TRUE(testing::OkOnEveryRank(Plan(*again, 1)));
 }
 
 }  // namespace
