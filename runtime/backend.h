@@ -53,8 +53,9 @@ struct CallOptions {
   // The caller's own terms of the call beyond its buffers, as text (e.g. "op Average, prescale
   // 1, postscale 1" when the caller turns a sum into an average itself), or null / "" for none.
   // Blocking calls compare it across ranks like the count and dtype: when it differs, every
-  // rank fails with kMismatch naming each rank's text (the first 231 bytes). Not compared when
-  // `agreed` is set.
+  // rank fails with kMismatch naming each rank's text (at least its first 231 bytes; the whole
+  // text is compared). Not compared when `agreed` is set, nor where the arguments are not
+  // checked (POSEIDON_CHECK_ARGS=0 with the shared-memory window off).
   const char* detail = nullptr;
 };
 

@@ -13,7 +13,13 @@ PyObject* g_errors[psdNumResults] = {nullptr};
 
 [[noreturn]] void Raise(psdResult_t r, const std::string& message) {
   PyObject* type = (r > 0 && r < psdNumResults && g_errors[r]) ? g_errors[r] : g_errors[0];
-  PyErr_SetString(type, message.c_str());
+  // Decoded leniently: a message may carry another rank's text cut at a byte limit, in the
+  // middle of a UTF-8 character (PyErr_SetString would raise UnicodeDecodeError instead).
+  PyObject* text = PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()),
+                                        "replace");
+  if (text == nullptr) throw py::error_already_set();
+  PyErr_SetObject(type, text);
+  Py_DECREF(text);
   throw py::error_already_set();
 }
 

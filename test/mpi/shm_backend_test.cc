@@ -461,7 +461,7 @@ TEST(ShmBackendAgreement, DetailDiffersOnOneRankOnEveryPath) {
   const std::vector<Case> cases = {
       {"op average", "op sum", testing::OneOddGroups(p - 1, "op average", "op sum")},
       {std::nullopt, "op sum", testing::OneOddGroups(p - 1, "(none)", "op sum")},
-      {long_text, long_text + "y", "differ across ranks"},
+      {long_text, long_text + "y", "differing past the part shown"},
   };
   for (const char* threshold : {"0", "1", "1000000"}) {
     ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", threshold).ok());

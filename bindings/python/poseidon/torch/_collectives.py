@@ -428,9 +428,14 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_pro
     if not tensor.is_sparse:
         raise TypeError("sparse_allreduce_async: expected a sparse COO tensor")
     t = tensor.coalesce()
-    indices = allgather_async(t.indices().t().contiguous(), process_set=process_set)
-    values = allgather_async(t.values().contiguous(), process_set=process_set)
-    n = _comm_of(process_set, "sparse_allreduce_async").size
+    _check_tensor(t.values(), "sparse_allreduce_async")
+    comm = _comm_of(process_set, "sparse_allreduce_async")
+    # The op (applied here, after the gathers) and the name travel in the first gather's
+    # agreement, as every reduction's do.
+    indices = _submit(_gather_detail, comm, t.indices().t().contiguous(),
+                      _terms(op, 1.0, 1.0, name))
+    values = _submit(_gather_detail, comm, t.values().contiguous(), _named(name))
+    n = comm.size
 
     def handle():
         vals = synchronize(values)
@@ -473,8 +478,12 @@ def allgather(tensor, name=None, process_set=global_process_set):
     return _Allgather.apply(tensor, process_set, name)
 
 
+def _gather_detail(comm, tensor, detail):
+    return _gather_rows(comm, tensor, detail)[0]
+
+
 def _gather_only(comm, tensor, name=None):
-    return _gather_rows(comm, tensor, _named(name))[0]
+    return _gather_detail(comm, tensor, _named(name))
 
 
 @_refusals("AllGather")

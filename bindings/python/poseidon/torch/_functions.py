@@ -114,7 +114,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
-        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+        items = [(p[0], p[1]) if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError("broadcast_parameters: invalid params of type %s; expected a dict or "
                          "a list of tensors or (name, tensor) pairs" % type(params).__name__)

@@ -216,9 +216,10 @@ class _DistributedOptimizer(_torch.optim.Optimizer):
             rows = max(rows, int(self._batch_size) * self._passes)
         mine = _torch.tensor([rows], dtype=_torch.int64)
         every = _torch.zeros(self._comm.size, dtype=_torch.int64)
-        # The ranks compare their optimizers' terms here, once: an op, predivide factor,
-        # compression or passes per step that differ on one rank would otherwise scale or round
-        # its gradients differently and the replicas would silently diverge.
+        # The ranks compare their optimizers' terms here, once: an op, predivide factor or
+        # compression that differs on one rank would otherwise scale or round its gradients
+        # differently and the replicas would silently diverge. (Passes per step may differ:
+        # each rank's accumulated sum is what it submits.)
         self._comm.allgather(mine, every, self._terms())
         self._kmax = int(every.max())
         # Collective, at the first submission of the first step on every rank.
@@ -229,10 +230,8 @@ class _DistributedOptimizer(_torch.optim.Optimizer):
 
     def _terms(self):
         c = self._compression
-        return ("DistributedOptimizer: op %s, gradient_predivide_factor %r, compression %s, "
-                "backward_passes_per_step %d"
-                % (self._op, self._predivide, getattr(c, "__name__", type(c).__name__),
-                   self._passes))
+        return ("DistributedOptimizer: op %s, gradient_predivide_factor %r, compression %s"
+                % (self._op, self._predivide, getattr(c, "__name__", type(c).__name__)))
 
     def _round(self, tensor):
         """Rounds through the compression's wire type in place (nothing for none)."""
