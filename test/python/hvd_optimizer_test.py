@@ -289,6 +289,17 @@ def terms_differ(rank, size):
     return []
 
 
+def report(rank, name, problems, what):
+    """Prints this rank's problems of a check and, on rank 0, its line; 1 when any rank had
+    one (collective)."""
+    for p in problems:
+        print("rank %d: %s: FAIL %s" % (rank, name, p), file=sys.stderr)
+    bad = hvd.allreduce(torch.tensor([float(len(problems))]), op=hvd.Sum).item()
+    if rank == 0:
+        print("%-24s %s  %s" % (name, "ok  " if bad == 0 else "FAIL", what))
+    return int(bad > 0)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -335,22 +346,10 @@ def main():
             print("%-24s %s  max |param - reference| = %.3g  (%.1f s)"
                   % (case.name, "ok  " if bad == 0 else "FAIL", worst, time.time() - t0),
                   flush=True)
-    problems = construction_errors()
-    for p in problems:
-        print("rank %d: construction_errors: FAIL %s" % (rank, p), file=sys.stderr)
-    bad = hvd.allreduce(torch.tensor([float(len(problems))]), op=hvd.Sum).item()
-    failures += int(bad > 0)
-    if rank == 0:
-        print("%-24s %s  Adasum, predivide with Sum, other process sets, 0 passes refused"
-              % ("construction_errors", "ok  " if bad == 0 else "FAIL"))
-    problems = terms_differ(rank, size) if size > 1 else []
-    for p in problems:
-        print("rank %d: terms_differ: FAIL %s" % (rank, p), file=sys.stderr)
-    bad = hvd.allreduce(torch.tensor([float(len(problems))]), op=hvd.Sum).item()
-    failures += int(bad > 0)
-    if rank == 0:
-        print("%-24s %s  an op that differs on one rank fails every rank, naming both"
-              % ("terms_differ", "ok  " if bad == 0 else "FAIL"))
+    failures += report(rank, "construction_errors", construction_errors(),
+                       "Adasum, predivide with Sum, other process sets, 0 passes refused")
+    failures += report(rank, "terms_differ", terms_differ(rank, size) if size > 1 else [],
+                       "an op that differs on one rank fails every rank, naming both")
     dist.destroy_process_group()
     if rank == 0:
         print("hvd_optimizer_test: %s" % ("PASSED" if failures == 0 else "FAILED"))
