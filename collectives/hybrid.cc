@@ -8,6 +8,7 @@
 #include "collectives/hybrid.h"
 
 #include <cstring>
+#include <sstream>
 
 #include "runtime/hash.h"
 #include "runtime/log.h"
@@ -57,30 +58,21 @@ Result<int> HybridCollective::RegisterLayer(const LayerSpec& spec) {
 
 namespace {
 
-// `text` from `root` on every rank (its length, then its bytes one per int32: plan tables are
-// a few KiB, and this runs only on the error path).
+// `text` from `root` on every rank: its length, then its bytes packed in int32 words (a
+// broadcast moves them unchanged).
 Result<std::string> BroadcastText(Backend& be, const std::string& text, int root, int me) {
   int64_t n = me == root ? static_cast<int64_t>(text.size()) : 0;
   PSD_CHECK(be.Broadcast(&n, 1, DType::kInt64, root));
-  std::vector<int32_t> bytes(static_cast<size_t>(n));
-  if (me == root) {
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
-  }
-  PSD_CHECK(be.Broadcast(bytes.data(), bytes.size(), DType::kInt32, root));
-  std::string out(bytes.size(), '\0');
-  for (size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<char>(bytes[i]);
-  return out;
+  std::vector<int32_t> words((static_cast<size_t>(n) + 3) / 4);
+  if (me == root) std::memcpy(words.data(), text.data(), text.size());
+  PSD_CHECK(be.Broadcast(words.data(), words.size(), DType::kInt32, root));
+  return std::string(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(n));
 }
 
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> lines;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    lines.push_back(text.substr(at, end - at));
-    at = end + 1;
-  }
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);) lines.push_back(line);
   return lines;
 }
 

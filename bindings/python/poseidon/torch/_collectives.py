@@ -494,7 +494,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 
 def _gather_group(comm, tensors, name=None):
-    return [_gather_rows(comm, t, _named(name))[0] for t in tensors]
+    return [_gather_only(comm, t, name) for t in tensors]
 
 
 @_refusals("AllGather")
