@@ -234,6 +234,16 @@ ShmCollectives::~ShmCollectives() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  if (pending_ && failure_.ok()) {
+    // The last call returned early: its verdict has nowhere to go but the log.
+    Status settled = Begin("ShmCollectives", nullptr);
+    if (!settled.ok()) {
+      PSD_LOG(kWarn, "ShmCollectives: ", settled.ToString());
+    } else if (!deferred_.ok()) {
+      PSD_LOG(kWarn, "ShmCollectives: the last collective on this communicator",
+              deferred_.message());
+    }
+  }
   if (locked_) MPI_Win_unlock_all(win_);
   if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
   if (local_ != MPI_COMM_NULL) MPI_Comm_free(&local_);
@@ -279,7 +289,7 @@ inline void FutexWakeAll(uint32_t* word) {
 }
 }  // namespace
 
-Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
+uint32_t ShmCollectives::Arrive() {
   const uint32_t target = static_cast<uint32_t>(++arrivals_);
   if (separate_model_) MPI_Win_sync(win_);
   uint32_t* mine = Word(Counter(rank_));
@@ -287,11 +297,20 @@ Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
   // Wake peers that went to sleep waiting for this arrival (seq_cst store, then load of the
   // sleeper count, pairs with the sleeper's increment-then-recheck: one side sees the other).
   if (__atomic_load_n(mine + 1, __ATOMIC_SEQ_CST) != 0) FutexWakeAll(mine);
+  return target;
+}
+
+Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
+  return Await(call, interrupt, Arrive(), -1);
+}
+
+Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint32_t target,
+                             int only) {
   // The clock is read only once a peer is found missing: a Sync whose peers are all there
   // already (the common case of small back-to-back calls) reads none.
   std::chrono::steady_clock::time_point start;
   bool started = false;
-  for (int r = 0; r < size_; ++r) {
+  for (int r = only < 0 ? 0 : only; r < (only < 0 ? size_ : only + 1); ++r) {
     if (r == rank_) continue;
     uint32_t* word = Word(Counter(r));
     uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
@@ -338,13 +357,13 @@ Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
       }
       if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
         std::string missing;
-        for (int q = 0; q < size_; ++q) {
+        for (int q = only < 0 ? 0 : only; q < (only < 0 ? size_ : only + 1); ++q) {
           if (q != rank_ && !Reached(__atomic_load_n(Word(Counter(q)), __ATOMIC_ACQUIRE), target)) {
             missing += StrCat(missing.empty() ? "" : ", ", q);
           }
         }
         failure_ = TimeoutError(call, ": rank ", rank_, " waited ", timeout_s_,
-                                " s (POSEIDON_SHM_TIMEOUT_S) at shared-memory step ", arrivals_,
+                                " s (POSEIDON_SHM_TIMEOUT_S) at shared-memory step ", target,
                                 " for node ranks ", missing,
                                 "; a peer stopped calling the collective, is stuck or died");
         return failure_;
@@ -377,9 +396,8 @@ CollectiveArgs CountedArgs(const char* call, const std::vector<size_t>& counts, 
 }
 }  // namespace
 
-Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interrupt) {
-  const uint64_t call = calls_;
-  Descriptor* mine = Desc(rank_, call);
+void ShmCollectives::Publish(const CollectiveArgs& args) {
+  Descriptor* mine = Desc(rank_, calls_);
   mine->record = RecordOf(args);
   CopyString(mine->call, sizeof(mine->call), args.call);
   if (!args.local.ok()) {
@@ -387,8 +405,36 @@ Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interr
   } else if (mine->record.detail_hash != 0) {
     CopyString(mine->message, sizeof(mine->message), args.detail);
   }
+}
+
+Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interrupt) {
+  const uint64_t call = calls_;
+  if (!deferred_.ok() && !args.local.ok()) {
+    // This call fails on every rank anyway, with this rank's own error, which its caller needs
+    // more; the earlier failure has already reached every rank (see Broadcast).
+    PSD_LOG(kWarn, args.call, ": the previous collective on this communicator",
+            deferred_.message());
+    deferred_ = Status::Ok();
+  }
+  if (!deferred_.ok()) {
+    // This rank's previous call failed on its peers after it had returned (see Broadcast):
+    // this call carries that failure to every rank as this rank's own bad argument.
+    CollectiveArgs failed = args;
+    failed.local =
+        deferred_.WithPrefix(StrCat(args.call, ": the previous collective on this communicator"));
+    deferred_ = Status::Ok();
+    Publish(failed);
+    PSD_CHECK(Sync(args.call, interrupt));
+    ++calls_;
+    return Verdict(failed, call);
+  }
+  Publish(args);
   PSD_CHECK(Sync(args.call, interrupt));
   ++calls_;
+  return Verdict(args, call);
+}
+
+Status ShmCollectives::Verdict(const CollectiveArgs& args, uint64_t call) {
   // Every rank reads the same descriptors, so every rank reaches the same verdict.
   const Descriptor* first = Desc(0, call);
   std::string differing;
@@ -412,6 +458,27 @@ Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interr
     const Descriptor* d = Desc(r, call);
     return ReadString(d->message, sizeof(d->message));
   });
+}
+
+Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt) {
+  PSD_CHECK(CheckUsable(call));
+  if (!pending_) return Status::Ok();
+  // The previous call returned before its peers had checked it (see Broadcast): wait until
+  // every peer has entered it, then reach the verdict they reached. Until then no peer can
+  // have moved past it, so its descriptors are still in place.
+  PSD_CHECK(Await(call, interrupt, pending_arrival_, -1));
+  pending_ = false;
+  CollectiveArgs mine;
+  mine.call = pending_call_name_.c_str();
+  Status verdict = Verdict(mine, pending_call_);
+  if (!verdict.ok()) {
+    // The peers that failed it moved no stage: neither does this rank, in the end.
+    stage_ -= pending_stages_;
+    deferred_ = Status(verdict.code(), StrCat(" (", pending_call_name_,
+                                              ") returned here before its peers found: ",
+                                              verdict.message()));
+  }
+  return Status::Ok();
 }
 
 namespace {
@@ -487,7 +554,7 @@ Status ShmCollectives::FinishSingleCopy(const char* call, const Interrupt* inter
 }
 
 Status ShmCollectives::Agree(const CollectiveArgs& args, const Interrupt* interrupt) {
-  PSD_CHECK(CheckUsable(args.call));
+  PSD_CHECK(Begin(args.call, interrupt));
   return Enter(args, interrupt);
 }
 
@@ -497,7 +564,7 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
   const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
                            CheckDType(call, dtype)};
   const CollectiveArgs& a = args != nullptr ? *args : own;
-  PSD_CHECK(CheckUsable(call));
+  PSD_CHECK(Begin(call, interrupt));
   // A rank with bad arguments, or nothing to move, only takes part in the agreement.
   if (!a.local.ok() || count == 0) return Enter(a, interrupt);
   const size_t es = DTypeSize(dtype);
@@ -568,7 +635,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
   const CollectiveArgs own =
       args != nullptr ? CollectiveArgs{} : CountedArgs(call, counts, dtype, local);
   const CollectiveArgs& a = args != nullptr ? *args : own;
-  PSD_CHECK(CheckUsable(call));
+  PSD_CHECK(Begin(call, interrupt));
   if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
   const size_t es = DTypeSize(dtype);
   const size_t piece = slot_bytes_ / es / static_cast<size_t>(size_);  // L, at least 8
@@ -612,7 +679,7 @@ Status ShmCollectives::AllGather(const void* send, void* recv, size_t count, DTy
   const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), -1, 0,
                            CheckDType(call, dtype)};
   const CollectiveArgs& a = args != nullptr ? *args : own;
-  PSD_CHECK(CheckUsable(a.call));
+  PSD_CHECK(Begin(a.call, interrupt));
   if (!a.local.ok() || !own.local.ok() || count == 0) return Enter(a, interrupt);
   // Every rank's count is this one: no counts vector, no offsets (small gathers are all
   // per-call overhead).
@@ -628,7 +695,7 @@ Status ShmCollectives::AllGatherV(const void* send, void* recv, const std::vecto
   const CollectiveArgs own =
       args != nullptr ? CollectiveArgs{} : CountedArgs(call, counts, dtype, local);
   const CollectiveArgs& a = args != nullptr ? *args : own;
-  PSD_CHECK(CheckUsable(a.call));
+  PSD_CHECK(Begin(a.call, interrupt));
   if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
   const std::vector<size_t> off = PrefixOffsets(counts);
   return GatherRounds(send, recv, {0, counts.data(), off.data()}, dtype, interrupt, a);
@@ -709,12 +776,13 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0,
                            local};
   const CollectiveArgs& a = args != nullptr ? *args : own;
-  PSD_CHECK(CheckUsable(call));
+  PSD_CHECK(Begin(call, interrupt));
   if (!a.local.ok() || !local.ok() || count == 0) return Enter(a, interrupt);
   const size_t es = DTypeSize(dtype);
   const size_t per_round = slot_bytes_ / es;
   const size_t rounds = (count + per_round - 1) / per_round;
   unsigned char* data = static_cast<unsigned char*>(buf);
+  if (rounds == 1 && deferred_.ok()) return BroadcastEager(data, count * es, root, interrupt, a);
   const bool stream = count * es >= kStreamOutputBytes;
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;
@@ -725,6 +793,36 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   }
   if (stream) StreamFence();
   stage_ += rounds;
+  return Status::Ok();
+}
+
+Status ShmCollectives::BroadcastEager(unsigned char* data, size_t bytes, int root,
+                                      const Interrupt* interrupt, const CollectiveArgs& a) {
+  const uint64_t index = calls_;
+  if (rank_ == root) std::memcpy(Slot(rank_, stage_), data, bytes);
+  Publish(a);
+  const uint32_t arrival = Arrive();
+  if (rank_ != root) {
+    PSD_CHECK(Await(a.call, interrupt, arrival, root));
+    const Descriptor* theirs = Desc(root, index);
+    const Descriptor* mine = Desc(rank_, index);
+    if (std::memcmp(&theirs->record, &mine->record, sizeof(ArgRecord)) != 0 ||
+        std::strncmp(theirs->call, mine->call, sizeof(mine->call)) != 0) {
+      // Rare: wait for every rank and reach the verdict the others reach.
+      PSD_CHECK(Await(a.call, interrupt, arrival, -1));
+      ++calls_;
+      return Verdict(a, index);
+    }
+    std::memcpy(data, Slot(root, stage_), bytes);
+  }
+  ++calls_;
+  ++stage_;
+  // Checked against every peer at this rank's next call (Begin).
+  pending_ = true;
+  pending_arrival_ = arrival;
+  pending_call_ = index;
+  pending_stages_ = 1;
+  pending_call_name_ = a.call;
   return Status::Ok();
 }
 

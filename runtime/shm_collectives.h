@@ -41,6 +41,20 @@
 // that fails mid-call is named in the descriptor before the second Sync, so every rank returns
 // the same error.
 //
+// Broadcast of one slot or less (the usual parameter and object broadcasts, every small one):
+// nobody waits for everybody. The root copies its buffer into its slot, publishes its
+// descriptor and its arrival, and returns; a receiver publishes its own, waits for the root's
+// arrival alone, compares the root's descriptor with its own and copies the data out. So the
+// root runs ahead of slow receivers, and receivers never wait for one another (Open MPI's
+// eager broadcast behaves alike). The full check still happens on every rank: a receiver whose
+// descriptor differs from the root's waits for every rank and fails with the verdict Enter
+// would give; every other rank compares every rank's descriptor of the broadcast at the start
+// of its next call (Begin, after waiting for every peer to have entered the broadcast). Where
+// that verdict is a failure, the rank fails that next call with it as its own bad argument, so
+// the next call fails on every rank, naming the broadcast's failure; the root learns of a
+// broadcast its peers refused one call late. Waiting there also keeps the window's invariant:
+// when a call starts, every peer has entered the previous one, as after a Sync.
+//
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
 // (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
 // every rank and do not depend on the chunk size.
@@ -131,9 +145,23 @@ class ShmCollectives {
   Descriptor* Desc(int rank, uint64_t call) const;
   // Waits until every rank has reached this rank's next arrival; call names the collective.
   Status Sync(const char* call, const Interrupt* interrupt);
+  // Sync's halves: publish this rank's next arrival (returns it); wait until every peer
+  // (only < 0) or peer `only` has reached arrival `target`.
+  uint32_t Arrive();
+  Status Await(const char* call, const Interrupt* interrupt, uint32_t target, int only);
   // A call's first step: publish args, Sync, compare every rank's descriptor (see the top).
   Status Enter(const CollectiveArgs& args, const Interrupt* interrupt);
+  // Enter's halves: write this rank's descriptor of the next call; the verdict every rank
+  // reaches from every rank's descriptor of call `call` (all of them published).
+  void Publish(const CollectiveArgs& args);
+  Status Verdict(const CollectiveArgs& args, uint64_t call);
+  // Every call's start: fails once the window is broken, and settles a call that returned
+  // early (see "Broadcast" above); a failure found there goes out with this call's Enter.
+  Status Begin(const char* call, const Interrupt* interrupt);
   Status CheckUsable(const char* call) const;
+  // A broadcast of one slot or less (see "Broadcast" above).
+  Status BroadcastEager(unsigned char* data, size_t bytes, int root, const Interrupt* interrupt,
+                        const CollectiveArgs& a);
   // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's
   // read succeeds.
   Status ProbeSingleCopy();
@@ -180,6 +208,14 @@ class ShmCollectives {
   uint64_t calls_ = 0;                 // calls entered so far (same on every rank)
   size_t one_shot_bytes_ = 0;          // AllReduce of at most this many bytes: one Sync
   std::vector<ArgRecord> records_;     // every rank's descriptor of the current call
+  // A call that returned before every peer had entered it (BroadcastEager): its last arrival,
+  // its index, the stages it moved and its name, settled by the next call's Begin.
+  bool pending_ = false;
+  uint32_t pending_arrival_ = 0;
+  uint64_t pending_call_ = 0;
+  uint64_t pending_stages_ = 0;
+  std::string pending_call_name_;
+  Status deferred_;  // the settled call failed on the peers: the next Enter tells them
   Status failure_;  // the Sync that timed out or was interrupted: peers in an unknown state
 };
 

@@ -49,7 +49,7 @@ Status ShmCollectives::AllReducePieces(const std::vector<SumPiece>& pieces, DTyp
                                        const SumCommit& commit, bool* committed) {
   const char* call = args.call;
   *committed = false;
-  PSD_CHECK(CheckUsable(call));
+  PSD_CHECK(Begin(call, interrupt));
   size_t count = 0;
   for (const SumPiece& p : pieces) count += p.count;
   if (!args.local.ok() || count == 0) {

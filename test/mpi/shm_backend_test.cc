@@ -271,9 +271,55 @@ TEST(ShmCopyOut, StreamingCopiesEveryByteAtAnyAlignment) {
   }
 }
 
+// Small broadcasts return on their root without waiting for the receivers (ShmCollectives,
+// "Broadcast"): a long sequence of them from rotating roots, of one slot and of several, with
+// allreduces and barriers between them and a receiver that is often late, so that roots run
+// ahead; every rank checks every element it received. The object is destroyed right after a
+// small broadcast (its destructor settles it).
+TEST(ShmBroadcast, RootsRunAheadOfLateReceivers) {
+  auto made = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  const int p = World()->size(), me = World()->rank();
+  size_t wrong = 0, failed = 0;
+  std::string first_failure;
+  auto note = [&](const Status& st) {
+    if (st.ok()) return;
+    if (failed++ == 0) first_failure = st.ToString();
+  };
+  for (int i = 0; i < 300; ++i) {
+    const int root = i % p;
+    // Mostly one slot (8 KiB: 2048 floats) or less; every fifth call several rounds.
+    const size_t n = i % 5 == 4 ? 2048 * 3 + 17 : 1 + static_cast<size_t>(i * 37) % 2048;
+    std::vector<float> b(n, -1.0f);
+    if (me == root) {
+      for (size_t j = 0; j < n; ++j) b[j] = static_cast<float>(root * 1000 + i + j % 13);
+    } else if (me == (i / 3) % p && i % 2 == 0) {
+      usleep(200);  // a late receiver: the root goes on without it
+    }
+    note(shm->Broadcast(b.data(), n, DType::kFloat32, root));
+    for (size_t j = 0; j < n; ++j) {
+      wrong += b[j] != static_cast<float>(root * 1000 + i + j % 13);
+    }
+    if (i % 7 == 3) {
+      std::vector<float> x(5, static_cast<float>(me + 1)), y(5);
+      note(shm->AllReduce(x.data(), y.data(), 5, DType::kFloat32));
+      for (float v : y) wrong += v != static_cast<float>(p * (p + 1) / 2);
+    }
+    if (i % 11 == 5) note(shm->Agree({"Barrier", 0, 0, -1, 0, Status::Ok()}));
+  }
+  EXPECT_TRUE(OnEveryRank(failed == 0)) << failed << " calls failed; the first: " << first_failure;
+  EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
+  std::vector<float> last(3, me == 1 % p ? 7.0f : 0.0f);
+  ASSERT_TRUE(OkOnEveryRank(shm->Broadcast(last.data(), 3, DType::kFloat32, 1 % p)));
+  EXPECT_EQ(last[2], 7.0f);
+  shm.reset();
+}
+
 // ---- The agreement carried in the window (ShmCollectives "Agreement"). ----
-// Every case: one rank (the last) disagrees; every rank fails the same way at once, and the
-// window stays usable for the next call (checked with an exact allreduce after each).
+// Every case: one rank (the last) disagrees; every rank fails the same way at once (a small
+// broadcast: its root and the ranks that agree with it at their next call), and the window
+// stays usable for the next call (checked with an exact allreduce after each).
 
 class ShmAgreement : public ::testing::Test {
  protected:
@@ -295,6 +341,24 @@ class ShmAgreement : public ::testing::Test {
     EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(y[i]); },
                          [&](size_t i) { return tri * F(i); }));
     EXPECT_FALSE(shm_->broken());
+  }
+  // After a small broadcast from rank 0 that only the last rank failed (its root and the ranks
+  // that agree with the root return before checking the others): the next call fails on every
+  // rank, those that returned OK with the broadcast's failure as their own, the last rank
+  // naming rank 0.
+  void ExpectFailureCarriedToTheNextCall(const std::string& cause) {
+    std::vector<float> x(4, 1.0f), y(4);
+    Status st = shm_->AllReduce(x.data(), y.data(), 4, DType::kFloat32);
+    EXPECT_TRUE(OnEveryRank(!st.ok())) << st.ToString();
+    EXPECT_NE(st.message().find("AllReduce: the previous collective on this communicator "
+                                "(Broadcast) returned here before its peers found: "),
+              std::string::npos)
+        << st.message();
+    EXPECT_NE(st.message().find(cause), std::string::npos) << st.message();
+    if (odd()) {
+      EXPECT_NE(st.message().find("rank 0 passed an invalid argument"), std::string::npos)
+          << st.message();
+    }
   }
   std::unique_ptr<ShmCollectives> shm_;
 };
@@ -337,17 +401,18 @@ TEST_F(ShmAgreement, DifferentCollectivesOnOneRank) {
 
 TEST_F(ShmAgreement, InvalidArgumentOnOneRankNamesIt) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
-  // A bad root on one rank only.
+  // A bad root on one rank only. The broadcast's root (rank 0) and the ranks that agree with it
+  // return before checking the last rank, so they learn of the failure at their next call,
+  // which then fails on every rank.
   std::vector<float> b(10, 1.0f);
   Status st = shm_->Broadcast(b.data(), 10, DType::kFloat32, odd() ? size() : 0);
-  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
-  EXPECT_NE(st.message().find(StrCat("root ", size(), " is outside")), std::string::npos)
-      << st.message();
-  if (!odd()) {
-    EXPECT_NE(st.message().find(StrCat("rank ", size() - 1, " passed an invalid argument")),
-              std::string::npos)
+  EXPECT_TRUE(OnEveryRank(odd() ? st.code() == StatusCode::kInvalidArgument : st.ok()))
+      << st.ToString();
+  if (odd()) {
+    EXPECT_NE(st.message().find(StrCat("root ", size(), " is outside")), std::string::npos)
         << st.message();
   }
+  ExpectFailureCarriedToTheNextCall(StrCat("root ", size(), " is outside"));
   ExpectUsable(2000);
   // A counts vector of the wrong length on one rank (reduce-scatter and allgatherv).
   std::vector<size_t> counts(static_cast<size_t>(size()) + (odd() ? 1 : 0), 4);
@@ -360,21 +425,51 @@ TEST_F(ShmAgreement, InvalidArgumentOnOneRankNamesIt) {
 }
 
 // A rank that refuses a call before it starts (a binding's own checks: Backend::FailTogether,
-// whose call name may not be the peers') fails its peers' call at once, naming it and why.
+// whose call name may not be the peers') fails its peers' call at once, naming it and why (a
+// small broadcast's root and the ranks that agree with it: their next call).
 TEST_F(ShmAgreement, RefusalOnOneRankFailsAnyCallOfThePeers) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
   std::vector<float> b(10, 1.0f);
   const CollectiveArgs refused{"AllReduce", -1, 0, -1, 0,
                                InvalidArgument("broadcast_: root_rank 9 is not in 0..8")};
   Status st = odd() ? shm_->Agree(refused) : shm_->Broadcast(b.data(), 10, DType::kFloat32, 0);
+  EXPECT_TRUE(OnEveryRank(odd() ? st.code() == StatusCode::kInvalidArgument : st.ok()))
+      << st.ToString();
+  if (odd()) {
+    EXPECT_NE(st.message().find("root_rank 9 is not in 0..8"), std::string::npos) << st.message();
+  }
+  ExpectFailureCarriedToTheNextCall("root_rank 9 is not in 0..8");
+  ExpectUsable(5);
+  // The same refusal of a broadcast of several rounds: every rank waits for every rank at the
+  // first round, so the call fails on every rank, naming the last rank.
+  std::vector<float> big(5000, 1.0f);
+  st = odd() ? shm_->Agree(refused) : shm_->Broadcast(big.data(), 5000, DType::kFloat32, 0);
   EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
-  EXPECT_NE(st.message().find("root_rank 9 is not in 0..8"), std::string::npos) << st.message();
   if (!odd()) {
     EXPECT_NE(st.message().find(StrCat("rank ", size() - 1, " passed an invalid argument")),
               std::string::npos)
         << st.message();
   }
   ExpectUsable(5);
+}
+
+// Every rank names itself the root of a small broadcast (hvd.broadcast(x, root_rank=rank())):
+// every rank is a root, none waits, so the call returns OK everywhere; the next call fails on
+// every rank naming the roots, and the window stays usable.
+TEST_F(ShmAgreement, EveryRankItsOwnRootFailsTheNextCall) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  std::vector<float> b(10, static_cast<float>(rank()));
+  Status st = shm_->Broadcast(b.data(), 10, DType::kFloat32, rank());
+  EXPECT_TRUE(OkOnEveryRank(st));
+  std::vector<float> x(6, 1.0f);
+  st = shm_->AllGather(x.data(), b.data(), 1, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find("AllGather: the previous collective on this communicator "
+                              "(Broadcast) returned here before its peers found: Broadcast: root "
+                              "differs across ranks"),
+            std::string::npos)
+      << st.message();
+  ExpectUsable(9);
 }
 
 TEST_F(ShmAgreement, LayoutOrDTypeDiffersOnOneRank) {

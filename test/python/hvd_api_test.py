@@ -482,7 +482,11 @@ def case_sync_points(r, n):
 def case_refusal_on_one_rank(r, n):
     """A bad argument on the last rank only fails the collective on every rank at once: the
     last rank raises its own error, the others an InvalidArgumentError naming it (they do not
-    wait for it until a timeout). Then the next collective works."""
+    wait for it until a timeout). Then the next collective works.
+
+    The one exception is a small broadcast: its root, and the ranks that agree with the root,
+    return before the others have checked it. The failure then comes with the next collective,
+    on every rank (so the last rank fails that one too, naming the root)."""
     odd = r == n - 1
     calls = [
         ("broadcast_ root_rank", lambda: hvd.broadcast_(torch.ones(3), root_rank=n if odd else 0),
@@ -500,9 +504,11 @@ def case_refusal_on_one_rank(r, n):
     ]
     for what, call, own in calls:
         start = time.time()
+        late = what.startswith("broadcast")
         try:
             call()
-            raise AssertionError("%s: returned on rank %d; expected an error" % (what, r))
+            if not late or odd:
+                raise AssertionError("%s: returned on rank %d; expected an error" % (what, r))
         except AssertionError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -510,10 +516,21 @@ def case_refusal_on_one_rank(r, n):
                 check(isinstance(e, own), "%s: %s on the bad rank; expected %s"
                       % (what, type(e).__name__, own.__name__))
             else:
+                check(not late, "%s: raised %s on rank %d; expected it to return" % (what, e, r))
                 check(isinstance(e, poseidon.InvalidArgumentError),
                       "%s: %s: %s; expected InvalidArgumentError" % (what, type(e).__name__, e))
                 check("rank %d passed an invalid argument" % (n - 1) in str(e),
                       "%s: %s does not name rank %d" % (what, e, n - 1))
+        if late:
+            try:
+                hvd.allreduce(torch.ones(1))
+                raise AssertionError("the collective after %s returned on rank %d" % (what, r))
+            except poseidon.InvalidArgumentError as e:
+                check("returned here before its peers found" in str(e)
+                      and "root_rank %d is not in" % n in str(e),
+                      "the collective after %s: %s" % (what, e))
+                check(not odd or "rank 0 passed an invalid argument" in str(e),
+                      "the collective after %s: %s does not name rank 0" % (what, e))
         check(time.time() - start < 20, "%s took %.1f s" % (what, time.time() - start))
     close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)), "usable after")
 
@@ -522,7 +539,8 @@ def case_terms_differ_on_one_rank(r, n):
     """An op, scale factor or name that differs on the last rank only fails the call on every
     rank with MismatchError naming each rank's terms, where it would otherwise return a
     different result on that rank (a sum there, an average elsewhere; another tensor's values).
-    Then the next collective works."""
+    Then the next collective works. A small broadcast fails the next collective instead, on
+    every rank (see case_refusal_on_one_rank)."""
     odd = r == n - 1
     x = torch.ones(4)
     calls = [
@@ -577,9 +595,14 @@ def case_terms_differ_on_one_rank(r, n):
     ]
     for what, call, (theirs, ours) in calls:
         start = time.time()
+        # A small broadcast returns on its root and on the ranks that agree with it before the
+        # last rank's terms are checked: the next collective fails on every rank instead.
+        late = what.startswith("broadcast")
         try:
             call()
-            raise AssertionError("%s: returned on rank %d; expected MismatchError" % (what, r))
+            if not late or odd:
+                raise AssertionError("%s: returned on rank %d; expected MismatchError"
+                                     % (what, r))
         except poseidon.MismatchError as e:
             msg = str(e)
             check("differ across ranks" in msg, "%s: %s" % (what, msg))
@@ -588,6 +611,18 @@ def case_terms_differ_on_one_rank(r, n):
             if "differing past the part shown" not in msg:  # else every rank's text looks alike
                 check("rank %d" % (n - 1) in msg, "%s: %s does not name rank %d"
                       % (what, msg, n - 1))
+        if late:
+            try:
+                hvd.allreduce(torch.ones(1))
+                raise AssertionError("the collective after %s returned on rank %d" % (what, r))
+            except (poseidon.MismatchError, poseidon.InvalidArgumentError) as e:
+                msg = str(e)
+                check("returned here before its peers found" in msg,
+                      "the collective after %s: %s" % (what, msg))
+                # The last rank reads rank 0's message, cut to the window's message size.
+                check(("rank 0 passed an invalid argument" in msg) if odd
+                      else (theirs in msg and ours in msg and isinstance(e, poseidon.MismatchError)),
+                      "the collective after %s: %s" % (what, msg))
         check(time.time() - start < 20, "%s took %.1f s" % (what, time.time() - start))
     # Equal terms spelled alike on every rank pass (average=True is op=Average).
     close(hvd.allreduce(x, average=True) if odd else hvd.allreduce(x, op=hvd.Average), x,
