@@ -31,7 +31,15 @@
 // AllGatherV (AllGather: equal counts): round k: copy piece k of my input into my slot (and
 // straight into my part of recv); Sync; copy every peer's piece k out of its slot.
 //
-// Broadcast: round k: the root copies piece k into its slot; Sync; the others copy it out.
+// Broadcast (pieces of at most 512 KiB, piece k in stage k): the root copies piece k into its
+// slot and arrives; a receiver arrives, waits for the root's arrival alone and copies piece k
+// out. Nobody waits for everybody, except once, before piece 1 (every rank checks every
+// descriptor there, so a broadcast of several pieces fails in the call on every rank); the
+// root waits for the receivers only before reusing a stage (piece k waits until every
+// receiver has arrived for piece k - 2, i.e. is done with piece k - 3). The last piece is not
+// waited for: the next call's Begin waits until every peer has arrived for it, and settles a
+// one-piece broadcast's agreement there (see the header). On 2 cores root and receivers copy
+// at the same time, each piece still in cache: 2-4x faster than whole slots in lockstep.
 //
 // Single-copy AllGather(V) (from single_copy_bytes_ up to kStreamOutputBytes): every rank puts
 // its input's address in its descriptor and copies its own part; Enter; each rank reads every
@@ -82,9 +90,15 @@ constexpr size_t kOneShotMaxBytes = size_t{32} << 10;
 constexpr size_t kOneShotPairBytes = size_t{256} << 10;
 // AllGather(V)'s largest round per rank. With the 1 MiB slot, a P = 2 allgather of 2 MiB ran
 // at 173-396 us against 84 us in 256 KiB rounds (np 4: 418 against 231 us); 128 KiB rounds
-// were slower again. Broadcast keeps whole slots: smaller rounds made it slower.
+// were slower again.
 constexpr size_t kGatherRoundBytes = size_t{256} << 10;
 constexpr size_t kMinChunkBytes = 4096;
+// A broadcast moves pieces of at most this size, paced by its root (see Broadcast). On the
+// development VM (2 cores, osu_broadcast --no-peer, 3-5 runs each, bench/RESULTS.md) 512 KiB
+// pieces against whole 1 MiB slots: P = 2 at 2 / 8 MiB 62-119 / 234-295 us against 256-266 /
+// 995-1030 us; P = 4 at 4 / 16 MiB 324-355 / 1971-2425 against 611-653 / 3132-3399 us;
+// 256 KiB pieces were no better.
+constexpr size_t kBroadcastPieceBytes = size_t{512} << 10;
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -477,6 +491,7 @@ Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt) {
   // have moved past it, so its descriptors are still in place.
   PSD_CHECK(Await(call, interrupt, pending_arrival_, -1));
   pending_ = false;
+  if (!pending_verdict_) return Status::Ok();
   CollectiveArgs mine;
   mine.call = pending_call_name_.c_str();
   Status verdict = Verdict(mine, pending_call_);
@@ -787,51 +802,63 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(Begin(call, interrupt));
   if (!a.local.ok() || !local.ok() || count == 0) return Enter(a, interrupt);
-  const size_t es = DTypeSize(dtype);
-  const size_t per_round = slot_bytes_ / es;
-  const size_t rounds = (count + per_round - 1) / per_round;
+  // A failure carried from this rank's previous call fails this one on every rank (Enter).
+  if (!deferred_.ok()) return Enter(a, interrupt);
+  const size_t bytes = count * DTypeSize(dtype);
+  const size_t piece = std::min(slot_bytes_, kBroadcastPieceBytes);
+  const size_t pieces = (bytes + piece - 1) / piece;
   unsigned char* data = static_cast<unsigned char*>(buf);
-  if (rounds == 1 && deferred_.ok()) return BroadcastEager(data, count * es, root, interrupt, a);
-  const bool stream = count * es >= kStreamOutputBytes;
-  for (size_t k = 0; k < rounds; ++k) {
-    const uint64_t stage = stage_ + k;
-    const size_t start = k * per_round, len = std::min(per_round, count - start);
-    if (rank_ == root) std::memcpy(Slot(rank_, stage), data + start * es, len * es);
-    PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(call, interrupt));
-    if (rank_ != root) CopyOut(data + start * es, Slot(root, stage), len * es, stream);
+  const bool stream = bytes >= kStreamOutputBytes;
+  const uint64_t index = calls_;
+  uint32_t first = 0, arrival = 0;
+  for (size_t k = 0; k < pieces; ++k) {
+    const size_t start = k * piece, len = std::min(piece, bytes - start);
+    unsigned char* slot = Slot(root, stage_ + k);
+    if (k == 1) {
+      // Every rank checks every rank's descriptor before the second piece moves, so a call
+      // of several pieces fails in the call itself, on every rank.
+      PSD_CHECK(Await(call, interrupt, first, -1));
+      Status verdict = Verdict(a, index);
+      if (!verdict.ok()) return verdict;  // no stage moved, as on the ranks that failed first
+    }
+    if (rank_ == root) {
+      // The stage of piece k last held piece k - 3, which a receiver is done with once it has
+      // arrived for piece k - 1.
+      if (k >= 2) PSD_CHECK(Await(call, interrupt, first + static_cast<uint32_t>(k - 2), -1));
+      std::memcpy(slot, data + start, len);
+      if (k == 0) Publish(a);
+      arrival = Arrive();
+    } else {
+      if (k == 0) Publish(a);
+      arrival = Arrive();
+      PSD_CHECK(Await(call, interrupt, arrival, root));
+      if (k == 0) {
+        const Descriptor* theirs = Desc(root, index);
+        const Descriptor* mine = Desc(rank_, index);
+        if (std::memcmp(&theirs->record, &mine->record, sizeof(ArgRecord)) != 0 ||
+            std::strncmp(theirs->call, mine->call, sizeof(mine->call)) != 0) {
+          // Rare: wait for every rank and reach the verdict the others reach.
+          PSD_CHECK(Await(call, interrupt, arrival, -1));
+          ++calls_;
+          return Verdict(a, index);
+        }
+      }
+      CopyOut(data + start, slot, len, stream);
+    }
+    if (k == 0) {
+      first = arrival;
+      ++calls_;
+    }
   }
   if (stream) StreamFence();
-  stage_ += rounds;
-  return Status::Ok();
-}
-
-Status ShmCollectives::BroadcastEager(unsigned char* data, size_t bytes, int root,
-                                      const Interrupt* interrupt, const CollectiveArgs& a) {
-  const uint64_t index = calls_;
-  if (rank_ == root) std::memcpy(Slot(rank_, stage_), data, bytes);
-  Publish(a);
-  const uint32_t arrival = Arrive();
-  if (rank_ != root) {
-    PSD_CHECK(Await(a.call, interrupt, arrival, root));
-    const Descriptor* theirs = Desc(root, index);
-    const Descriptor* mine = Desc(rank_, index);
-    if (std::memcmp(&theirs->record, &mine->record, sizeof(ArgRecord)) != 0 ||
-        std::strncmp(theirs->call, mine->call, sizeof(mine->call)) != 0) {
-      // Rare: wait for every rank and reach the verdict the others reach.
-      PSD_CHECK(Await(a.call, interrupt, arrival, -1));
-      ++calls_;
-      return Verdict(a, index);
-    }
-    std::memcpy(data, Slot(root, stage_), bytes);
-  }
-  ++calls_;
-  ++stage_;
-  // Checked against every peer at this rank's next call (Begin); a receiver with no peer but
-  // the root has seen every descriptor already.
-  pending_ = rank_ == root || size_ > 2;
+  stage_ += pieces;
+  // The next call starts once every peer has arrived for the last piece (Begin); a broadcast
+  // of one piece is checked there too, except by a receiver whose only peer is the root.
+  pending_ = true;
   pending_arrival_ = arrival;
   pending_call_ = index;
-  pending_stages_ = 1;
+  pending_stages_ = pieces;
+  pending_verdict_ = pieces == 1 && (rank_ == root || size_ > 2);
   pending_call_name_ = a.call;
   return Status::Ok();
 }

@@ -41,19 +41,21 @@
 // that fails mid-call is named in the descriptor before the second Sync, so every rank returns
 // the same error.
 //
-// Broadcast of one slot or less (the usual parameter and object broadcasts, every small one):
-// nobody waits for everybody. The root copies its buffer into its slot, publishes its
-// descriptor and its arrival, and returns; a receiver publishes its own, waits for the root's
-// arrival alone, compares the root's descriptor with its own and copies the data out. So the
-// root runs ahead of slow receivers, and receivers never wait for one another (Open MPI's
-// eager broadcast behaves alike). The full check still happens on every rank: a receiver whose
-// descriptor differs from the root's waits for every rank and fails with the verdict Enter
-// would give; every other rank compares every rank's descriptor of the broadcast at the start
-// of its next call (Begin, after waiting for every peer to have entered the broadcast). Where
-// that verdict is a failure, the rank fails that next call with it as its own bad argument, so
-// the next call fails on every rank, naming the broadcast's failure; the root learns of a
-// broadcast its peers refused one call late. Waiting there also keeps the window's invariant:
-// when a call starts, every peer has entered the previous one, as after a Sync.
+// Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the
+// usual parameter and object broadcasts, every small one). The root copies its buffer into its
+// slot, publishes its descriptor and its arrival, and returns; a receiver publishes its own,
+// waits for the root's arrival alone, compares the root's descriptor with its own and copies
+// the data out. So the root runs ahead of slow receivers, and receivers never wait for one
+// another (Open MPI's eager broadcast behaves alike). The full check still happens on every
+// rank: a receiver whose descriptor differs from the root's waits for every rank and fails
+// with the verdict Enter would give; every other rank compares every rank's descriptor of the
+// broadcast at the start of its next call (Begin, after waiting for every peer to have entered
+// the broadcast). Where that verdict is a failure, the rank fails that next call with it as its
+// own bad argument, so the next call fails on every rank, naming the broadcast's failure; the
+// root learns of a broadcast its peers refused one call late. A broadcast of several pieces is
+// paced by its root the same way, but every rank checks every descriptor before the second
+// piece, so it fails in the call itself. Waiting at Begin also keeps the window's invariant:
+// when a call starts, every peer has arrived for the previous one's last step, as after a Sync.
 //
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
 // (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
@@ -159,9 +161,7 @@ class ShmCollectives {
   // early (see "Broadcast" above); a failure found there goes out with this call's Enter.
   Status Begin(const char* call, const Interrupt* interrupt);
   Status CheckUsable(const char* call) const;
-  // A broadcast of one slot or less (see "Broadcast" above).
-  Status BroadcastEager(unsigned char* data, size_t bytes, int root, const Interrupt* interrupt,
-                        const CollectiveArgs& a);
+
   // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's
   // read succeeds.
   Status ProbeSingleCopy();
@@ -214,6 +214,7 @@ class ShmCollectives {
   uint32_t pending_arrival_ = 0;
   uint64_t pending_call_ = 0;
   uint64_t pending_stages_ = 0;
+  bool pending_verdict_ = false;  // its agreement is still to be checked (else only its arrival)
   std::string pending_call_name_;
   Status deferred_;  // the settled call failed on the peers: the next Enter tells them
   Status failure_;  // the Sync that timed out or was interrupted: peers in an unknown state
