@@ -28,8 +28,12 @@
 //   slot (its own piece from its input) straight into recv. The owner reduces, so nothing is
 //   copied out.
 //
-// AllGatherV (AllGather: equal counts): round k: copy piece k of my input into my slot (and
-// straight into my part of recv); Sync; copy every peer's piece k out of its slot.
+// AllGatherV (AllGather: equal counts; rounds of at most 256 KiB per rank): my own part goes
+// straight into recv; copy piece 0 of my input into my slot; Enter; then in round k: copy piece
+// k + 1 into my slot and arrive for it, copy every peer's piece k out of its slot, wait for
+// every peer's arrival for piece k + 1. A rank's next piece is in place before it reads the
+// current one, so a slower peer never waits for a copy-out (on 2 cores at P = 2, 1-16 MiB ran
+// up to 10% faster than copy in, Sync, copy out).
 //
 // Broadcast (pieces of at most 512 KiB, piece k in stage k): the root copies piece k into its
 // slot and arrives; a receiver arrives, waits for the root's arrival alone and copies piece k
@@ -46,9 +50,12 @@
 // peer's part with process_vm_readv, peers in the order rank+1, rank+2, ... so that they do not
 // all start on the same one; each rank records its outcome in its descriptor; Sync; every rank
 // returns the first failure recorded, or OK. Two Syncs whatever the size, one copy of each byte.
-// Measured here (2 cores, bench/RESULTS.md): at P = 2 gathers of 32 KiB - 16 MiB ran 1.1-2.0x
-// faster than through the window; at 32 MiB the window's streaming stores won. With ranks
-// outnumbering cores (P = 4, 8 here) it was no faster (MpiBackend then asks for none), and
+// Measured here (2 cores, bench/RESULTS.md): on the VM's Intel CPU, at P = 2 gathers of
+// 32 KiB - 16 MiB ran 1.1-2.0x faster than through the window in lockstep rounds; on its AMD
+// CPU the window's pipelined rounds ran 1.3-2x faster than this path at 256 KiB - 16 MiB, so
+// it is off by default (POSEIDON_SHM_SINGLE_COPY_BYTES). At 32 MiB the window's streaming
+// stores won. With ranks outnumbering cores (P = 4, 8 here) it was no faster (MpiBackend then
+// asks for none), and
 // broadcasts this way (every receiver reading the root's pages at once) ran 1.6-2.5x slower at
 // every P, so Broadcast keeps the window.
 //
@@ -753,11 +760,23 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
     size_t start = k * per_round;
     return start >= c ? 0 : std::min(per_round, c - start);
   };
+  auto copy_in = [&](size_t k) {
+    const size_t len = piece_len(count, k);
+    if (len > 0) std::memcpy(Slot(rank_, stage_ + k), in + k * per_round * es, len * es);
+  };
+  copy_in(0);
+  PSD_CHECK(Enter(a, interrupt));
+  uint32_t next = 0;
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;
-    const size_t len = piece_len(count, k);
-    if (len > 0) std::memcpy(Slot(rank_, stage), in + k * per_round * es, len * es);
-    PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(a.call, interrupt));
+    if (k > 0) PSD_CHECK(Await(a.call, interrupt, next, -1));
+    // My next piece goes in before I read this round's: peers that are waiting for it can go
+    // on while I copy. Its stage last held round k - 2, which every peer is done with: it has
+    // arrived for round k.
+    if (k + 1 < rounds) {
+      copy_in(k + 1);
+      next = Arrive();
+    }
     for (int r = 0; r < size_; ++r) {
       const size_t n = piece_len(layout.count(r), k);
       if (r == rank_ || n == 0) continue;
