@@ -690,6 +690,17 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       std::memcpy(slot + static_cast<size_t>(q) * piece * es,
                   in + (off[static_cast<size_t>(q)] + k * piece) * es, len * es);
     }
+    if (k == 0 && rounds == 1 && counts[static_cast<size_t>(rank_)] == 0 && deferred_.ok()) {
+      // Nothing comes to me: once my pieces are in place I go, as a broadcast's root does
+      // (the verdict and my peers' reads are settled at my next call).
+      const uint64_t index = calls_;
+      Publish(a);
+      const uint32_t arrival = Arrive();
+      ++calls_;
+      ++stage_;
+      Defer(arrival, index, 1, true, a.call);
+      return Status::Ok();
+    }
     PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(call, interrupt));
     size_t mine = piece_len(rank_, k);
     if (mine == 0) continue;  // my slice is shorter than the longest: nothing left to sum
@@ -873,13 +884,18 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   stage_ += pieces;
   // The next call starts once every peer has arrived for the last piece (Begin); a broadcast
   // of one piece is checked there too, except by a receiver whose only peer is the root.
+  Defer(arrival, index, pieces, pieces == 1 && (rank_ == root || size_ > 2), a.call);
+  return Status::Ok();
+}
+
+void ShmCollectives::Defer(uint32_t arrival, uint64_t index, uint64_t stages, bool verdict,
+                            const char* call) {
   pending_ = true;
   pending_arrival_ = arrival;
   pending_call_ = index;
-  pending_stages_ = pieces;
-  pending_verdict_ = pieces == 1 && (rank_ == root || size_ > 2);
-  pending_call_name_ = a.call;
-  return Status::Ok();
+  pending_stages_ = stages;
+  pending_verdict_ = verdict;
+  pending_call_name_ = call;
 }
 
 }  // namespace poseidon

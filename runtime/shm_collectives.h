@@ -54,7 +54,8 @@
 // own bad argument, so the next call fails on every rank, naming the broadcast's failure; the
 // root learns of a broadcast its peers refused one call late. A broadcast of several pieces is
 // paced by its root the same way, but every rank checks every descriptor before the second
-// piece, so it fails in the call itself. Waiting at Begin also keeps the window's invariant:
+// piece, so it fails in the call itself. A ReduceScatter of one round returns the same way on
+// the ranks whose share is empty (most of them in a reduce-scatter of a few elements). Waiting at Begin also keeps the window's invariant:
 // when a call starts, every peer has arrived for the previous one's last step, as after a Sync.
 //
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
@@ -160,6 +161,9 @@ class ShmCollectives {
   // Every call's start: fails once the window is broken, and settles a call that returned
   // early (see "Broadcast" above); a failure found there goes out with this call's Enter.
   Status Begin(const char* call, const Interrupt* interrupt);
+  // Leaves call `index` (its last arrival `arrival`, `stages` stages moved) for the next call's
+  // Begin to settle: wait for every peer's arrival, and check its agreement if `verdict`.
+  void Defer(uint32_t arrival, uint64_t index, uint64_t stages, bool verdict, const char* call);
   Status CheckUsable(const char* call) const;
 
   // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's

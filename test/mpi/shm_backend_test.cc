@@ -342,21 +342,26 @@ class ShmAgreement : public ::testing::Test {
                          [&](size_t i) { return tri * F(i); }));
     EXPECT_FALSE(shm_->broken());
   }
-  // After a small broadcast from rank 0 that only the last rank failed (its root and the ranks
-  // that agree with the root return before checking the others): the next call fails on every
-  // rank, those that returned OK with the broadcast's failure as their own, the last rank
-  // naming rank 0.
-  void ExpectFailureCarriedToTheNextCall(const std::string& cause) {
+  // After a call that some ranks returned from before checking the others (a small broadcast's
+  // root and the ranks that agree with it; a reduce-scatter's ranks with nothing to receive)
+  // and one rank failed: the next call fails on every rank, those that returned OK with the
+  // call's failure as their own, the rank that failed (`failed`, the last one by default)
+  // naming the first rank that returned (`named`).
+  void ExpectFailureCarriedToTheNextCall(const std::string& cause,
+                                         const std::string& call = "Broadcast", int failed = -1,
+                                         int named = 0) {
+    if (failed < 0) failed = size() - 1;
     std::vector<float> x(4, 1.0f), y(4);
     Status st = shm_->AllReduce(x.data(), y.data(), 4, DType::kFloat32);
     EXPECT_TRUE(OnEveryRank(!st.ok())) << st.ToString();
-    EXPECT_NE(st.message().find("AllReduce: the previous collective on this communicator "
-                                "(Broadcast) returned here before its peers found: "),
+    EXPECT_NE(st.message().find("AllReduce: the previous collective on this communicator (" +
+                                call + ") returned here before its peers found: "),
               std::string::npos)
         << st.message();
     EXPECT_NE(st.message().find(cause), std::string::npos) << st.message();
-    if (odd()) {
-      EXPECT_NE(st.message().find("rank 0 passed an invalid argument"), std::string::npos)
+    if (rank() == failed) {
+      EXPECT_NE(st.message().find(StrCat("rank ", named, " passed an invalid argument")),
+                std::string::npos)
           << st.message();
     }
   }
@@ -470,6 +475,27 @@ TEST_F(ShmAgreement, EveryRankItsOwnRootFailsTheNextCall) {
             std::string::npos)
       << st.message();
   ExpectUsable(9);
+}
+
+// A reduce-scatter of a few elements, all of them rank 0's: the other ranks receive nothing and
+// return once their data is in place. The last rank's dtype differs: rank 0 fails in the call,
+// the others at their next call, which fails on every rank.
+TEST_F(ShmAgreement, ReduceScatterWithNothingToReceiveFailsTheNextCall) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  std::vector<size_t> counts(static_cast<size_t>(size()), 0);
+  counts[0] = 3;
+  std::vector<float> in(3, 1.0f), out(3, 0.0f);
+  Status st = shm_->ReduceScatter(in.data(), out.data(), counts,
+                                  odd() ? DType::kInt32 : DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(rank() == 0 ? st.code() == StatusCode::kMismatch : st.ok()))
+      << st.ToString();
+  ExpectFailureCarriedToTheNextCall("dtype differs across ranks", "ReduceScatter", 0, 1);
+  ExpectUsable(3);
+  // The same call with the same arguments everywhere: rank 0 gets the exact sum.
+  st = shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32);
+  EXPECT_TRUE(OkOnEveryRank(st));
+  if (rank() == 0) EXPECT_EQ(out[2], static_cast<float>(size()));
+  ExpectUsable(4);
 }
 
 TEST_F(ShmAgreement, LayoutOrDTypeDiffersOnOneRank) {
