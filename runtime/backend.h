@@ -120,10 +120,11 @@ class Backend {
   virtual Status AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,
                             DType dtype, const CallOptions& opts = {}) = 0;
   // buf on every rank gets root's count elements. Same count, dtype and root on every rank.
-  // On the host backend with every rank on one node, a broadcast of one shared-memory slot or
-  // less (POSEIDON_SHM_CHUNK_BYTES) returns on its root, and on the ranks whose arguments match
-  // the root's, without waiting for the other ranks (runtime/shm_collectives.h, "Broadcast"):
-  // a failure that those ranks find then fails the next call on every rank, naming it.
+  // On the host backend with every rank on one node, a broadcast of 512 KiB or less returns on
+  // its root, and on the ranks whose arguments match the root's, without waiting for the other
+  // ranks (runtime/shm_collectives.h, "Broadcast"; ReduceScatter does the same on ranks that
+  // receive nothing): a failure that those ranks find then fails the next call on every rank,
+  // naming it.
   virtual Status Broadcast(void* buf, size_t count, DType dtype, int root,
                            const CallOptions& opts = {}) = 0;
   virtual Status Barrier() = 0;
