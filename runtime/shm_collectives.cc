@@ -60,8 +60,7 @@
 // every P, so Broadcast keeps the window.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
-// every peer's count: poll for up to 5 us when each rank has a core, then poll with
-// sched_yield for up to 200 us (a runnable peer gets the core at once), then sleep on the peer's
+// every peer's count: poll with sched_yield for up to 200 us (a runnable peer gets the core at once), then sleep on the peer's
 // word with a futex (shared, not private: the word lives in a mapping of several processes),
 // checking the caller's interrupt, if any, at every wake.
 // Outputs of 32 MiB and more are written with streaming stores (kStreamOutputBytes).
@@ -106,11 +105,6 @@ constexpr size_t kMinChunkBytes = 4096;
 // 995-1030 us; P = 4 at 4 / 16 MiB 324-355 / 1971-2425 against 611-653 / 3132-3399 us;
 // 256 KiB pieces were no better.
 constexpr size_t kBroadcastPieceBytes = size_t{512} << 10;
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -232,11 +226,11 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Win_lock_all", rc);
   s->locked_ = true;
   __atomic_store_n(const_cast<uint64_t*>(s->Counter(rank)), 0, __ATOMIC_RELEASE);
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  // A few microseconds cover a peer that is running and nearly there; longer spins only burn
-  // a core that a descheduled peer (or another job) needs.
-  s->spin_s_ = (cores > 0 && size <= cores) ? 5e-6 : 0;
-  // Then yield-polling: at 4 and 8 ranks on 2 cores, 64 B - 64 KiB allreduces ran 2-3.5x
+  // Waiters poll with sched_yield, not with a plain spin: with a core per rank it costs the same
+  // (P = 2 here, 4-64 B allreduces: 0.63-0.81 us either way), and where the scheduler has put
+  // two ranks on one core a spinning waiter holds the core its peer needs (4.3-4.6 us against
+  // 1.75-1.97 us with yield-polling alone; Open MPI's allreduce took 1.7-1.8 us there).
+  // Yield-polling: at 4 and 8 ranks on 2 cores, 64 B - 64 KiB allreduces ran 2-3.5x
   // faster with 100-400 us of it than with the futex sleep straight away (bench/RESULTS.md).
   s->yield_s_ = 200e-6;
   s->single_copy_requested_ = single_copy_bytes;
@@ -339,18 +333,7 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
       start = std::chrono::steady_clock::now();
       started = true;
     }
-    // Spin briefly only when every rank has a core of its own: an oversubscribed rank that
-    // spins steals the core from the very peer it waits for.
-    if (spin_s_ > 0 && !Reached(seen, target)) {
-      auto spin_start = std::chrono::steady_clock::now();
-      do {
-        for (int i = 0; i < 16 && !Reached(seen, target); ++i) {
-          CpuRelax();
-          seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-        }
-      } while (!Reached(seen, target) && Seconds(spin_start) < spin_s_);
-    }
-    // Then yield the core while polling: a peer that is runnable gets it at once, and one that
+    // Yield the core while polling: a peer that is runnable gets it at once, and one that
     // arrives within yield_s_ is seen without a futex round trip (whose wake-up costs ~10 us on
     // a virtual machine).
     if (yield_s_ > 0 && !Reached(seen, target)) {

@@ -22,10 +22,10 @@
 // slow peer has yet to read.
 //
 // Synchronization: each Sync() bumps this rank's arrival counter and waits until every peer's
-// counter has reached the same value. A waiter spins briefly only when every rank has a core
-// of its own, then polls with sched_yield for up to 200 us (a runnable peer gets the core at
-// once), then sleeps on the peer's counter with a futex that the peer wakes when it arrives,
-// so 8 ranks on 2 cores never burn for long the cores their peers need.
+// counter has reached the same value. A waiter polls with sched_yield for up to 200 us (a
+// runnable peer gets the core at once; a plain spin would hold a core its peer may need), then
+// sleeps on the peer's counter with a futex that the peer wakes when it arrives, so 8 ranks on
+// 2 cores never burn for long the cores their peers need.
 // A wait longer than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window
 // unusable. A call given an Interrupt checks it at every wake (the futex sleep is then cut to
 // 10 ms) and, when it turns non-OK, returns its status ("AllReduce: <message>") and marks the
@@ -204,7 +204,6 @@ class ShmCollectives {
   std::string single_copy_note_;
   std::vector<int> pids_;  // every node rank's process id (single copy only)
   double timeout_s_ = 0;
-  double spin_s_ = 0;  // seconds of polling before sleeping; 0 when ranks outnumber cores
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep
   std::vector<unsigned char*> bases_;  // every rank's segment, mapped here
   uint64_t arrivals_ = 0;              // Sync() calls made so far (same on every rank)
