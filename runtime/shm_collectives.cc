@@ -106,6 +106,12 @@ constexpr size_t kMinChunkBytes = 4096;
 // 256 KiB pieces were no better.
 constexpr size_t kBroadcastPieceBytes = size_t{512} << 10;
 
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
@@ -226,11 +232,15 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Win_lock_all", rc);
   s->locked_ = true;
   __atomic_store_n(const_cast<uint64_t*>(s->Counter(rank)), 0, __ATOMIC_RELEASE);
-  // Waiters poll with sched_yield, not with a plain spin: with a core per rank it costs the same
-  // (P = 2 here, 4-64 B allreduces: 0.63-0.81 us either way), and where the scheduler has put
-  // two ranks on one core a spinning waiter holds the core its peer needs (4.3-4.6 us against
-  // 1.75-1.97 us with yield-polling alone; Open MPI's allreduce took 1.7-1.8 us there).
-  // Yield-polling: at 4 and 8 ranks on 2 cores, 64 B - 64 KiB allreduces ran 2-3.5x
+  // A few microseconds of plain spinning cover a peer that is running on another core and
+  // nearly there (P = 2 here, 4-64 B: some runs 0.43-0.47 us with it, none below 0.63 us with
+  // yield-polling alone); only where every rank can have a core, and only while the awaited
+  // peer last arrived on another core than the waiter's: where the scheduler has put two
+  // ranks on one core, a spinning waiter holds the core its peer needs (4.3-4.6 us against
+  // 1.75-1.97 us; Open MPI's allreduce took 1.7-1.8 us there).
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  s->spin_s_ = (cores > 0 && size <= cores) ? 5e-6 : 0;
+  // Then yield-polling: at 4 and 8 ranks on 2 cores, 64 B - 64 KiB allreduces ran 2-3.5x
   // faster with 100-400 us of it than with the futex sleep straight away (bench/RESULTS.md).
   s->yield_s_ = 200e-6;
   s->single_copy_requested_ = single_copy_bytes;
@@ -286,7 +296,8 @@ Status ShmCollectives::CheckUsable(const char* call) const {
 }
 
 // The arrival word of a rank: the low 32 bits of its arrival count (a futex word; compared
-// with wrap-around) and, in the next word, how many peers sleep on it.
+// with wrap-around), in the next word how many peers sleep on it, then the core it last
+// arrived on (where waiters may spin).
 namespace {
 inline uint32_t* Word(volatile uint64_t* counter) {
   return reinterpret_cast<uint32_t*>(const_cast<uint64_t*>(counter));
@@ -308,6 +319,7 @@ uint32_t ShmCollectives::Arrive() {
   const uint32_t target = static_cast<uint32_t>(++arrivals_);
   if (separate_model_) MPI_Win_sync(win_);
   uint32_t* mine = Word(Counter(rank_));
+  if (spin_s_ > 0) __atomic_store_n(mine + 2, static_cast<uint32_t>(sched_getcpu()), __ATOMIC_RELAXED);
   __atomic_store_n(mine, target, __ATOMIC_SEQ_CST);
   // Wake peers that went to sleep waiting for this arrival (seq_cst store, then load of the
   // sleeper count, pairs with the sleeper's increment-then-recheck: one side sees the other).
@@ -333,7 +345,18 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
       start = std::chrono::steady_clock::now();
       started = true;
     }
-    // Yield the core while polling: a peer that is runnable gets it at once, and one that
+    // Spin briefly where the peer runs on another core (see Create).
+    if (spin_s_ > 0 && !Reached(seen, target) &&
+        __atomic_load_n(word + 2, __ATOMIC_RELAXED) != static_cast<uint32_t>(sched_getcpu())) {
+      auto spin_start = std::chrono::steady_clock::now();
+      do {
+        for (int i = 0; i < 16 && !Reached(seen, target); ++i) {
+          CpuRelax();
+          seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        }
+      } while (!Reached(seen, target) && Seconds(spin_start) < spin_s_);
+    }
+    // Then yield the core while polling: a peer that is runnable gets it at once, and one that
     // arrives within yield_s_ is seen without a futex round trip (whose wake-up costs ~10 us on
     // a virtual machine).
     if (yield_s_ > 0 && !Reached(seen, target)) {

@@ -22,8 +22,10 @@
 // slow peer has yet to read.
 //
 // Synchronization: each Sync() bumps this rank's arrival counter and waits until every peer's
-// counter has reached the same value. A waiter polls with sched_yield for up to 200 us (a
-// runnable peer gets the core at once; a plain spin would hold a core its peer may need), then
+// counter has reached the same value. A waiter spins for up to 5 us where every rank can have a
+// core and the awaited peer last arrived on another core than the waiter's (each arrival
+// records its core), then polls with sched_yield for up to 200 us (a runnable peer gets the
+// core at once), then
 // sleeps on the peer's counter with a futex that the peer wakes when it arrives, so 8 ranks on
 // 2 cores never burn for long the cores their peers need.
 // A wait longer than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window
@@ -204,6 +206,7 @@ class ShmCollectives {
   std::string single_copy_note_;
   std::vector<int> pids_;  // every node rank's process id (single copy only)
   double timeout_s_ = 0;
+  double spin_s_ = 0;  // seconds of plain spinning first (0 when ranks outnumber cores)
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep
   std::vector<unsigned char*> bases_;  // every rank's segment, mapped here
   uint64_t arrivals_ = 0;              // Sync() calls made so far (same on every rank)
