@@ -165,7 +165,13 @@ class ShmCollectives {
   Status Begin(const char* call, const Interrupt* interrupt);
   // Leaves call `index` (its last arrival `arrival`, `stages` stages moved) for the next call's
   // Begin to settle: wait for every peer's arrival, and check its agreement if `verdict`.
-  void Defer(uint32_t arrival, uint64_t index, uint64_t stages, bool verdict, const char* call);
+  // root: a broadcast's root, whose receivers confirm (Confirmed); -1 for other calls.
+  void Defer(uint32_t arrival, uint64_t index, uint64_t stages, bool verdict, const char* call,
+             int root);
+  // On a rank's arrival line: the last one-piece broadcast whose root's descriptor this rank
+  // (a receiver) found equal to its own, as Confirmation(call index, root).
+  uint64_t* Confirmed(int rank) const;
+  static uint64_t Confirmation(uint64_t call, int root);
   Status CheckUsable(const char* call) const;
 
   // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's
@@ -220,6 +226,7 @@ class ShmCollectives {
   uint32_t pending_arrival_ = 0;
   uint64_t pending_call_ = 0;
   uint64_t pending_stages_ = 0;
+  int pending_root_ = -1;
   bool pending_verdict_ = false;  // its agreement is still to be checked (else only its arrival)
   std::string pending_call_name_;
   Status deferred_;  // the settled call failed on the peers: the next Enter tells them
