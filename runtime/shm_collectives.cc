@@ -55,14 +55,14 @@
 // CPU the window's pipelined rounds ran 1.3-2x faster than this path at 256 KiB - 16 MiB, so
 // it is off by default (POSEIDON_SHM_SINGLE_COPY_BYTES). At 32 MiB the window's streaming
 // stores won. With ranks outnumbering cores (P = 4, 8 here) it was no faster (MpiBackend then
-// asks for none), and
-// broadcasts this way (every receiver reading the root's pages at once) ran 1.6-2.5x slower at
-// every P, so Broadcast keeps the window.
+// asks for none), and broadcasts this way (every receiver reading the root's pages at once)
+// ran 1.6-2.5x slower at every P, so Broadcast keeps the window.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
-// every peer's count: poll with sched_yield for up to 200 us (a runnable peer gets the core at once), then sleep on the peer's
-// word with a futex (shared, not private: the word lives in a mapping of several processes),
-// checking the caller's interrupt, if any, at every wake.
+// every peer's count: spin for up to 5 us where ranks have cores and the peer last arrived on
+// another core, then poll with sched_yield for up to 200 us (a runnable peer gets the core at
+// once), then sleep on the peer's word with a futex (shared, not private: the word lives in a
+// mapping of several processes), checking the caller's interrupt, if any, at every wake.
 // Outputs of 32 MiB and more are written with streaming stores (kStreamOutputBytes).
 #include "runtime/shm_collectives.h"
 
@@ -328,7 +328,9 @@ uint32_t ShmCollectives::Arrive() {
   const uint32_t target = static_cast<uint32_t>(++arrivals_);
   if (separate_model_) MPI_Win_sync(win_);
   uint32_t* mine = Word(Counter(rank_));
-  if (spin_s_ > 0) __atomic_store_n(mine + 2, static_cast<uint32_t>(sched_getcpu()), __ATOMIC_RELAXED);
+  if (spin_s_ > 0) {
+    __atomic_store_n(mine + 2, static_cast<uint32_t>(sched_getcpu()), __ATOMIC_RELAXED);
+  }
   __atomic_store_n(mine, target, __ATOMIC_SEQ_CST);
   // Wake peers that went to sleep waiting for this arrival (seq_cst store, then load of the
   // sleeper count, pairs with the sleeper's increment-then-recheck: one side sees the other).
@@ -880,7 +882,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
     }
     if (rank_ == root) {
       // The stage of piece k last held piece k - 3, which a receiver is done with once it has
-      // arrived for piece k - 1.
+      // arrived for piece k - 2.
       if (k >= 2) PSD_CHECK(Await(call, interrupt, first + static_cast<uint32_t>(k - 2), -1));
       std::memcpy(slot, data + start, len);
       if (k == 0) Publish(a);
@@ -899,7 +901,9 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
           ++calls_;
           return Verdict(a, index);
         }
-        if (pieces == 1) __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
+        if (pieces == 1) {
+          __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
+        }
       }
       CopyOut(data + start, slot, len, stream);
     }

@@ -57,8 +57,9 @@
 // root learns of a broadcast its peers refused one call late. A broadcast of several pieces is
 // paced by its root the same way, but every rank checks every descriptor before the second
 // piece, so it fails in the call itself. A ReduceScatter of one round returns the same way on
-// the ranks whose share is empty (most of them in a reduce-scatter of a few elements). Waiting at Begin also keeps the window's invariant:
-// when a call starts, every peer has arrived for the previous one's last step, as after a Sync.
+// the ranks whose share is empty (most of them in a reduce-scatter of a few elements). Waiting
+// at Begin also keeps the window's invariant: when a call starts, every peer has arrived for
+// the previous one's last step, as after a Sync.
 //
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
 // (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
