@@ -128,6 +128,11 @@ struct ShmCollectives::Descriptor {
   uint64_t source;
   int32_t copy_errno;
   int32_t copy_from;
+  // The same call with the same arguments (and the same "bad" flag).
+  bool Alike(const Descriptor& o) const {
+    return std::memcmp(&record, &o.record, sizeof(ArgRecord)) == 0 &&
+           std::strncmp(call, o.call, sizeof(call)) == 0;
+  }
 };
 
 namespace {
@@ -348,7 +353,8 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
   // already (the common case of small back-to-back calls) reads none.
   std::chrono::steady_clock::time_point start;
   bool started = false;
-  for (int r = only < 0 ? 0 : only; r < (only < 0 ? size_ : only + 1); ++r) {
+  const int lo = only < 0 ? 0 : only, hi = only < 0 ? size_ : only + 1;  // the ranks awaited
+  for (int r = lo; r < hi; ++r) {
     if (r == rank_) continue;
     uint32_t* word = Word(Counter(r));
     uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
@@ -395,7 +401,7 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
       }
       if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
         std::string missing;
-        for (int q = only < 0 ? 0 : only; q < (only < 0 ? size_ : only + 1); ++q) {
+        for (int q = lo; q < hi; ++q) {
           if (q != rank_ && !Reached(__atomic_load_n(Word(Counter(q)), __ATOMIC_ACQUIRE), target)) {
             missing += StrCat(missing.empty() ? "" : ", ", q);
           }
@@ -477,11 +483,7 @@ Status ShmCollectives::Verdict(const CollectiveArgs& args, uint64_t call) {
   // case first: every descriptor the same as this rank's, none bad.
   const Descriptor* own = Desc(rank_, call);
   bool alike = own->record.bad == 0;
-  for (int r = 0; r < size_ && alike; ++r) {
-    const Descriptor* d = Desc(r, call);
-    alike = r == rank_ || (std::memcmp(&d->record, &own->record, sizeof(ArgRecord)) == 0 &&
-                           std::strncmp(d->call, own->call, sizeof(d->call)) == 0);
-  }
+  for (int r = 0; r < size_ && alike; ++r) alike = r == rank_ || Desc(r, call)->Alike(*own);
   if (alike) return Status::Ok();
   const Descriptor* first = Desc(0, call);
   std::string differing;
@@ -860,9 +862,8 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
                            local};
   const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(Begin(call, interrupt));
-  if (!a.local.ok() || !local.ok() || count == 0) return Enter(a, interrupt);
   // A failure carried from this rank's previous call fails this one on every rank (Enter).
-  if (!deferred_.ok()) return Enter(a, interrupt);
+  if (!a.local.ok() || !local.ok() || count == 0 || !deferred_.ok()) return Enter(a, interrupt);
   const size_t bytes = count * DTypeSize(dtype);
   const size_t piece = std::min(slot_bytes_, kBroadcastPieceBytes);
   const size_t pieces = (bytes + piece - 1) / piece;
@@ -892,10 +893,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       arrival = Arrive();
       PSD_CHECK(Await(call, interrupt, arrival, root));
       if (k == 0) {
-        const Descriptor* theirs = Desc(root, index);
-        const Descriptor* mine = Desc(rank_, index);
-        if (std::memcmp(&theirs->record, &mine->record, sizeof(ArgRecord)) != 0 ||
-            std::strncmp(theirs->call, mine->call, sizeof(mine->call)) != 0) {
+        if (!Desc(root, index)->Alike(*Desc(rank_, index))) {
           // Rare: wait for every rank and reach the verdict the others reach.
           PSD_CHECK(Await(call, interrupt, arrival, -1));
           ++calls_;

@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -148,20 +149,36 @@ psdResult_t FailBlockingCollective(psdComm_t handle, const char* c_call, const c
   });
 }
 
+namespace {
+// A blocking collective's common start: this rank's own checks (the dtype, then `checks`, then
+// the memory and stream), joining the peers' agreement with a refusal where one fails
+// (FailCollectiveTogether); then the call's options, with the caller's detail, and the backend
+// for its memory.
+Result<Backend*> StartCollective(CommState& s, const char* backend_call, psdDataType_t dtype,
+                                 psdMemory_t memory, void* stream, const char* detail,
+                                 const std::function<Status()>& checks, CallOptions* opts) {
+  PSD_CHECK(FailCollectiveTogether(s, backend_call, [&]() -> Status {
+    PSD_CHECK(CheckDTypeArg(dtype));
+    PSD_CHECK(checks());
+    PSD_ASSIGN_OR_RETURN(*opts, CallOptionsFor(memory, stream));
+    return Status::Ok();
+  }(), memory));
+  opts->detail = detail;
+  return s.comm->backend(opts->memory);
+}
+}  // namespace
+
 psdResult_t AllReduce(psdComm_t comm, const void* send, void* recv, size_t count,
                       psdDataType_t dtype, psdMemory_t memory, void* stream, const char* detail) {
   return WithComm("psdAllReduce", comm, [&](CommState& s) -> Status {
-    Backend* be = nullptr;
     CallOptions opts;
-    PSD_CHECK(capi::FailCollectiveTogether(s, "AllReduce", [&]() -> Status {
-      PSD_CHECK(capi::CheckDTypeArg(dtype));
-      PSD_CHECK(capi::CheckBufferArg("send", send, count, dtype));
-      PSD_CHECK(capi::CheckBufferArg("recv", recv, count, dtype));
-      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
-      return Status::Ok();
-    }(), memory));
-    opts.detail = detail;
-    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
+    PSD_ASSIGN_OR_RETURN(Backend* be,
+                         StartCollective(s, "AllReduce", dtype, memory, stream, detail,
+                                         [&]() -> Status {
+                                           PSD_CHECK(CheckBufferArg("send", send, count, dtype));
+                                           return CheckBufferArg("recv", recv, count, dtype);
+                                         },
+                                         &opts));
     return be->AllReduce(send, recv, count, static_cast<DType>(dtype), opts);
   });
 }
@@ -170,20 +187,16 @@ psdResult_t ReduceScatter(psdComm_t comm, const void* send, void* recv, size_t r
                           psdDataType_t dtype, psdMemory_t memory, void* stream,
                           const char* detail) {
   return WithComm("psdReduceScatter", comm, [&](CommState& s) -> Status {
-    size_t world = static_cast<size_t>(s.comm->size());
-    Backend* be = nullptr;
+    const size_t world = static_cast<size_t>(s.comm->size());
     CallOptions opts;
-    PSD_CHECK(capi::FailCollectiveTogether(s, "ReduceScatter", [&]() -> Status {
-      PSD_CHECK(capi::CheckDTypeArg(dtype));
-      PSD_REQUIRE_ARG(recv_count <= std::numeric_limits<size_t>::max() / world, "recv_count ",
-                      recv_count, " times ", world, " ranks overflows");
-      PSD_CHECK(capi::CheckBufferArg("send", send, recv_count * world, dtype));
-      PSD_CHECK(capi::CheckBufferArg("recv", recv, recv_count, dtype));
-      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
-      return Status::Ok();
-    }(), memory));
-    opts.detail = detail;
-    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
+    PSD_ASSIGN_OR_RETURN(
+        Backend* be,
+        StartCollective(s, "ReduceScatter", dtype, memory, stream, detail, [&]() -> Status {
+          PSD_REQUIRE_ARG(recv_count <= std::numeric_limits<size_t>::max() / world, "recv_count ",
+                          recv_count, " times ", world, " ranks overflows");
+          PSD_CHECK(CheckBufferArg("send", send, recv_count * world, dtype));
+          return CheckBufferArg("recv", recv, recv_count, dtype);
+        }, &opts));
     std::vector<size_t> counts(world, recv_count);
     return be->ReduceScatter(send, recv, counts, static_cast<DType>(dtype), opts);
   });
@@ -192,20 +205,16 @@ psdResult_t ReduceScatter(psdComm_t comm, const void* send, void* recv, size_t r
 psdResult_t AllGather(psdComm_t comm, const void* send, void* recv, size_t send_count,
                       psdDataType_t dtype, psdMemory_t memory, void* stream, const char* detail) {
   return WithComm("psdAllGather", comm, [&](CommState& s) -> Status {
-    size_t world = static_cast<size_t>(s.comm->size());
-    Backend* be = nullptr;
+    const size_t world = static_cast<size_t>(s.comm->size());
     CallOptions opts;
-    PSD_CHECK(capi::FailCollectiveTogether(s, "AllGather", [&]() -> Status {
-      PSD_CHECK(capi::CheckDTypeArg(dtype));
-      PSD_REQUIRE_ARG(send_count <= std::numeric_limits<size_t>::max() / world, "send_count ",
-                      send_count, " times ", world, " ranks overflows");
-      PSD_CHECK(capi::CheckBufferArg("send", send, send_count, dtype));
-      PSD_CHECK(capi::CheckBufferArg("recv", recv, send_count * world, dtype));
-      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
-      return Status::Ok();
-    }(), memory));
-    opts.detail = detail;
-    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
+    PSD_ASSIGN_OR_RETURN(
+        Backend* be,
+        StartCollective(s, "AllGather", dtype, memory, stream, detail, [&]() -> Status {
+          PSD_REQUIRE_ARG(send_count <= std::numeric_limits<size_t>::max() / world, "send_count ",
+                          send_count, " times ", world, " ranks overflows");
+          PSD_CHECK(CheckBufferArg("send", send, send_count, dtype));
+          return CheckBufferArg("recv", recv, send_count * world, dtype);
+        }, &opts));
     return be->AllGather(send, recv, send_count, static_cast<DType>(dtype), opts);
   });
 }
@@ -215,16 +224,11 @@ psdResult_t Broadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t dty
   return WithComm("psdBroadcast", comm, [&](CommState& s) -> Status {
     // The root is checked by the backend's cross-rank agreement (every rank learns of a bad
     // root on any rank).
-    Backend* be = nullptr;
     CallOptions opts;
-    PSD_CHECK(capi::FailCollectiveTogether(s, "Broadcast", [&]() -> Status {
-      PSD_CHECK(capi::CheckDTypeArg(dtype));
-      PSD_CHECK(capi::CheckBufferArg("buf", buf, count, dtype));
-      PSD_ASSIGN_OR_RETURN(opts, capi::CallOptionsFor(memory, stream));
-      return Status::Ok();
-    }(), memory));
-    opts.detail = detail;
-    PSD_ASSIGN_OR_RETURN(be, s.comm->backend(opts.memory));
+    PSD_ASSIGN_OR_RETURN(
+        Backend* be,
+        StartCollective(s, "Broadcast", dtype, memory, stream, detail,
+                        [&]() { return CheckBufferArg("buf", buf, count, dtype); }, &opts));
     return be->Broadcast(buf, count, static_cast<DType>(dtype), root, opts);
   });
 }
