@@ -154,8 +154,11 @@ namespace {
 // the memory and stream), joining the peers' agreement with a refusal where one fails
 // (FailCollectiveTogether); then the call's options, with the caller's detail, and the backend
 // for its memory.
-Result<Backend*> StartCollective(CommState& s, const char* backend_call, psdDataType_t dtype,
-                                 psdMemory_t memory, void* stream, const char* detail,
+// The enums are taken by reference, as CheckDTypeArg and CallOptionsFor take them: a value
+// outside the enum (a C caller's bad argument) is never loaded as the enum type.
+Result<Backend*> StartCollective(CommState& s, const char* backend_call,
+                                 const psdDataType_t& dtype, const psdMemory_t& memory,
+                                 void* stream, const char* detail,
                                  const std::function<Status()>& checks, CallOptions* opts) {
   PSD_CHECK(FailCollectiveTogether(s, backend_call, [&]() -> Status {
     PSD_CHECK(CheckDTypeArg(dtype));
