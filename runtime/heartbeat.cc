@@ -1,5 +1,8 @@
 #include "runtime/heartbeat.h"
 
+#include <memory>
+#include <mutex>
+
 #include "runtime/agreement.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/or_agreement.h"
@@ -11,6 +14,25 @@ namespace {
 constexpr int kBeatTag = 0;
 
 uint64_t Encode(uint64_t seq, bool leaving) { return (seq << 1) | (leaving ? 1u : 0u); }
+
+// Receives still posted when their channel went away, with the buffers MPI may still write.
+// Reachable from a global for the life of the process, so leak checkers do not count them.
+struct ParkedReceives {
+  std::vector<uint64_t> words;
+  std::vector<MPI_Request> requests;
+};
+std::mutex g_parked_mu;
+std::vector<std::unique_ptr<ParkedReceives>>* g_parked = nullptr;  // guarded; never freed
+
+void ParkReceives(std::vector<uint64_t> words, std::vector<MPI_Request> requests) {
+  // Moving a vector keeps its heap block, so the addresses MPI holds stay valid.
+  auto parked = std::make_unique<ParkedReceives>();
+  parked->words = std::move(words);
+  parked->requests = std::move(requests);
+  std::lock_guard<std::mutex> lock(g_parked_mu);
+  if (g_parked == nullptr) g_parked = new std::vector<std::unique_ptr<ParkedReceives>>();
+  g_parked->push_back(std::move(parked));
+}
 
 }  // namespace
 
@@ -38,12 +60,13 @@ HeartbeatChannel::~HeartbeatChannel() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // MPI has released everything already; no call is allowed now.
-  // Posted receives: cancel and free. A cancel of an unmatched receive completes locally.
-  for (MPI_Request& r : recv_req_) {
-    if (r == MPI_REQUEST_NULL) continue;
-    MPI_Cancel(&r);
-    MPI_Request_free(&r);
-  }
+  // Posted receives: parked, never cancelled. A peer's leaving beat can arrive at any moment,
+  // and another thread's MPI call (another communicator's liveness thread, the engine) may be
+  // matching it against our receive exactly while we would cancel it: Open MPI 4.1's ob1 can
+  // then unlink the request twice and crash inside MPI_Cancel (seen in CI at shutdown). Left
+  // posted, a receive that matches later writes into its parked buffer, which stays alive; MPI
+  // reclaims the requests at MPI_Finalize. The cost is one word and one request per peer.
+  if (receiving_) ParkReceives(std::move(recv_word_), std::move(recv_req_));
   // Beats still in flight: freed, not waited for. A frozen peer may never take its beat, so
   // waiting could block forever; a freed send still completes (or stays queued inside MPI,
   // a few bytes per frozen peer) without us.

@@ -9,7 +9,7 @@
 //    (a frozen peer's shared-memory FIFO or socket is full), the new beat to that peer is
 //    skipped, so requests never pile up.
 //  - Poll keeps one receive posted per peer, drains every beat that has arrived and re-posts.
-//  - The destructor is local (no collective, no wait): see ~HeartbeatChannel.
+//  - The destructor is local (no collective, no wait, no cancel): see ~HeartbeatChannel.
 //
 // Threading: Create is collective over comm and called by one thread per rank; afterwards one
 // thread at a time may use the object (the liveness thread). Other threads may call MPI at the

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,6 +168,50 @@ TEST(HeartbeatChannelTest, BeatsArriveFromEveryPeerInOrderAndHostsAreGathered) {
   auto all = ch.GatherValues(static_cast<double>(me));
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   for (int r = 0; r < n; ++r) EXPECT_EQ((*all)[static_cast<size_t>(r)], r);
+}
+
+// Channels made and dropped over and over while the peers' beats are still arriving and another
+// thread drives MPI's progress the whole time (as the other communicators' liveness threads and
+// the engine do when a program shuts its communicators down one by one). A beat can then be
+// matched against a receive exactly while its channel goes away; the destructor must never touch
+// that receive (a cancel racing the match crashed inside Open MPI).
+TEST(HeartbeatChannelTest, ChannelsDroppedWhileBeatsArriveAndAnotherThreadDrivesProgress) {
+  SKIP_UNLESS_THREAD_MULTIPLE();
+  MPI_Comm busy_comm = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &busy_comm), MPI_SUCCESS);
+  std::atomic<bool> stop{false};
+  std::thread progress([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, 0, busy_comm, &flag, MPI_STATUS_IGNORE);
+    }
+  });
+  const int me = Rank(), n = Size();
+  for (int round = 0; round < 1000; ++round) {
+    auto made = HeartbeatChannel::Create(MPI_COMM_WORLD);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    std::unique_ptr<HeartbeatChannel> ch = std::move(*made);
+    std::vector<Beat> arrived;
+    ASSERT_TRUE(ch->Poll(&arrived).ok());  // every receive posted
+    // A few beats each, then the channel goes at a moment that differs per rank and round,
+    // with the peers' beats in flight or about to be sent.
+    const int beats = 1 + (round * 7 + me * 3) % 5;
+    for (int b = 1; b <= beats; ++b) {
+      for (int p = 0; p < n; ++p) {
+        if (p != me) ASSERT_TRUE(ch->Send(p, static_cast<uint64_t>(b), b == beats).ok());
+      }
+      ASSERT_TRUE(ch->Poll(&arrived).ok());
+      if ((round + me + b) % 3 == 0) std::this_thread::yield();
+    }
+    for (const Beat& b : arrived) {
+      ASSERT_TRUE(b.from >= 0 && b.from < n && b.from != me) << "a beat from rank " << b.from;
+      ASSERT_GE(b.seq, 1u);
+    }
+    ch.reset();
+  }
+  stop = true;
+  progress.join();
+  MPI_Comm_free(&busy_comm);
 }
 
 TEST(LivenessTest, ZeroTimeoutIsInert) {
