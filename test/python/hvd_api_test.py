@@ -589,6 +589,10 @@ def case_terms_differ_on_one_rank(r, n):
         ("long non-ASCII name, odd cut", lambda: hvd.allreduce(
             x, name="x" + "\u00e9" * 150 + ("b" if odd else "a")),
          ("name 'x\u00e9\u00e9", "differing past the part shown")),
+        ("broadcast_object name", lambda: hvd.broadcast_object(
+            {"step": 3}, 0, name="b" if odd else "a"), ("name 'b'", "name 'a'")),
+        ("allgather_object name", lambda: hvd.allgather_object(r, name="b" if odd else "a"),
+         ("name 'b'", "name 'a'")),
         ("broadcast_parameters keys", lambda: hvd.broadcast_parameters(
             {"fc.bias" if odd else "fc.weight": x.clone()}, root_rank=0),
          ("name 'fc.bias'", "name 'fc.weight'")),

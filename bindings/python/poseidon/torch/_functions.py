@@ -12,7 +12,7 @@ import torch as _torch
 
 import poseidon as _psd
 from poseidon.torch._core import _run
-from poseidon.torch._collectives import _broadcast_into, _root_in
+from poseidon.torch._collectives import _broadcast_into, _named, _root_in
 from poseidon.torch._process_sets import comm_of as _comm_of, global_process_set
 
 try:
@@ -37,13 +37,14 @@ def _to_words(data, nbytes):
     return words
 
 
-def _bcast_bytes(comm, data, root):
-    """``data`` (bytes, on root) on every rank."""
+def _bcast_bytes(comm, data, root, detail=""):
+    """``data`` (bytes, on root) on every rank; ``detail`` is compared across ranks in the
+    broadcast of the bytes themselves."""
     length = _np.array([len(data) if comm.rank == root else 0], dtype=_np.int64)
     comm.broadcast(length, root)
     n = int(length[0])
     words = _to_words(data if comm.rank == root else b"", n)
-    comm.broadcast(words, root)
+    comm.broadcast(words, root, detail)
     return words.view(_np.uint8)[:n].tobytes()
 
 
@@ -60,7 +61,7 @@ def _gather_bytes(comm, data):
     return [raw[r * top * 4:r * top * 4 + int(lengths[r])].tobytes() for r in range(comm.size)]
 
 
-def _broadcast_object(comm, obj, root, global_root):
+def _broadcast_object(comm, obj, root, global_root, name):
     payload, error = _dumps(obj) if comm.rank == root else (b"", None)
     status = _np.array([0 if error is None else 1], dtype=_np.int64)
     comm.broadcast(status, root)
@@ -69,21 +70,27 @@ def _broadcast_object(comm, obj, root, global_root):
         raise _psd.InvalidArgumentError(
             "broadcast_object: the root (rank %d) could not serialize the object: %s"
             % (global_root, cause.decode(errors="replace")))
-    data = _bcast_bytes(comm, payload, root)
+    # The name rides on the last broadcast, as on broadcast_(..., name=): one that differs on a
+    # rank fails there, and a small object fails the next collective on the ranks that agree
+    # with the root (see poseidon.torch.broadcast_).
+    data = _bcast_bytes(comm, payload, root, _named(name))
     return obj if comm.rank == root else _serializer.loads(data)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """root_rank's ``obj`` on every rank (serialized there, deserialized elsewhere)."""
+    """root_rank's ``obj`` on every rank (serialized there, deserialized elsewhere). ``name``
+    is compared across ranks, as on broadcast_: one that differs raises MismatchError."""
     comm = _comm_of(process_set, "broadcast_object")
     root = _root_in(comm, process_set, root_rank, "broadcast_object")
-    return _run(_broadcast_object, comm, obj, root, root_rank)
+    return _run(_broadcast_object, comm, obj, root, root_rank, name)
 
 
-def _allgather_object(comm, obj, ranks):
+def _allgather_object(comm, obj, ranks, name):
     payload, error = _dumps(obj)
     failed = _np.zeros(comm.size, dtype=_np.int64)
-    comm.allgather(_np.array([0 if error is None else 1], dtype=_np.int64), failed)
+    # The name is compared in the first exchange: one that differs fails it on every rank.
+    comm.allgather(_np.array([0 if error is None else 1], dtype=_np.int64), failed,
+                   _named(name))
     if failed.any():
         causes = _gather_bytes(comm, (error or "").encode())
         text = "; ".join("rank %d: %s" % (ranks[r], causes[r].decode(errors="replace"))
@@ -95,10 +102,11 @@ def _allgather_object(comm, obj, ranks):
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """The list of every rank's ``obj``, in rank order."""
+    """The list of every rank's ``obj``, in rank order. ``name`` is compared across ranks: one
+    that differs raises MismatchError on every rank."""
     comm = _comm_of(process_set, "allgather_object")
     ranks = process_set.ranks if process_set is not None else list(range(comm.size))
-    return _run(_allgather_object, comm, obj, ranks)
+    return _run(_allgather_object, comm, obj, ranks, name)
 
 
 def _broadcast_all(comm, tensors, root, names=None):
