@@ -141,6 +141,29 @@ constexpr size_t kDescBytes = 320;  // one descriptor's place (two per rank)
 constexpr size_t kControlBytes = (kLineBytes + 2 * kDescBytes + 63) / 64 * 64;
 }  // namespace
 
+// The arrival word of a rank: the low 32 bits of its arrival count (a futex word; compared
+// with wrap-around), in the next word how many peers sleep on it, then the core it last
+// arrived on (where waiters may spin), then 1 once the rank has left (its window freed: see
+// Left); at byte 16 of the same line, Confirmed.
+namespace {
+inline uint32_t* Word(volatile uint64_t* counter) {
+  return reinterpret_cast<uint32_t*>(const_cast<uint64_t*>(counter));
+}
+inline bool Reached(uint32_t value, uint32_t target) {
+  return static_cast<int32_t>(value - target) >= 0;
+}
+// Shared (not FUTEX_PRIVATE) operations: the word lives in memory mapped by several processes.
+inline void FutexWait(uint32_t* word, uint32_t expected, long timeout_ns) {
+  timespec ts{0, timeout_ns};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+inline void FutexWakeAll(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+// The rank has left for good: set after its last arrival, so an arrival it has not reached
+// when this reads true will never come.
+inline bool Left(uint32_t* word) { return __atomic_load_n(word + 3, __ATOMIC_ACQUIRE) != 0; }
+}  // namespace
 
 Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, size_t chunk_bytes,
                                                                double timeout_s,
@@ -237,6 +260,7 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Win_lock_all", rc);
   s->locked_ = true;
   __atomic_store_n(const_cast<uint64_t*>(s->Counter(rank)), 0, __ATOMIC_RELEASE);
+  __atomic_store_n(Word(s->Counter(rank)) + 3, 0u, __ATOMIC_RELEASE);
   __atomic_store_n(s->Confirmed(rank), 0, __ATOMIC_RELEASE);
   // A few microseconds of plain spinning cover a peer that is running on another core and
   // nearly there (P = 2 here, 4-64 B: some runs 0.43-0.47 us with it, none below 0.63 us with
@@ -275,7 +299,15 @@ ShmCollectives::~ShmCollectives() {
               deferred_.message());
     }
   }
-  if (locked_) MPI_Win_unlock_all(win_);
+  if (locked_) {
+    // Leaving: a peer still waiting for an arrival of this rank would wait in vain (this rank
+    // skipped a call its peers made), so it fails at once instead of at its timeout. Every
+    // arrival this rank made comes before the flag; sleepers on the word wake to see it.
+    uint32_t* mine = Word(Counter(rank_));
+    __atomic_store_n(mine + 3, 1u, __ATOMIC_SEQ_CST);
+    FutexWakeAll(mine);
+    MPI_Win_unlock_all(win_);
+  }
   if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
   if (local_ != MPI_COMM_NULL) MPI_Comm_free(&local_);
 }
@@ -308,26 +340,6 @@ Status ShmCollectives::CheckUsable(const char* call) const {
                       failure_.ToString(),
                       "), so the node peers are in an unknown state; recreate the communicator");
 }
-
-// The arrival word of a rank: the low 32 bits of its arrival count (a futex word; compared
-// with wrap-around), in the next word how many peers sleep on it, then the core it last
-// arrived on (where waiters may spin); at byte 16 of the same line, Confirmed.
-namespace {
-inline uint32_t* Word(volatile uint64_t* counter) {
-  return reinterpret_cast<uint32_t*>(const_cast<uint64_t*>(counter));
-}
-inline bool Reached(uint32_t value, uint32_t target) {
-  return static_cast<int32_t>(value - target) >= 0;
-}
-// Shared (not FUTEX_PRIVATE) operations: the word lives in memory mapped by several processes.
-inline void FutexWait(uint32_t* word, uint32_t expected, long timeout_ns) {
-  timespec ts{0, timeout_ns};
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-inline void FutexWakeAll(uint32_t* word) {
-  syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
-}  // namespace
 
 uint32_t ShmCollectives::Arrive() {
   const uint32_t target = static_cast<uint32_t>(++arrivals_);
@@ -381,9 +393,19 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
       do {
         sched_yield();
         seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-      } while (!Reached(seen, target) && Seconds(yield_start) < yield_s_);
+      } while (!Reached(seen, target) && !Left(word) && Seconds(yield_start) < yield_s_);
     }
     while (!Reached(seen, target)) {
+      if (Left(word)) {
+        // Its arrivals all come before the flag: read the word once more after seeing it.
+        seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if (Reached(seen, target)) break;
+        failure_ = AbortedError(call, ": node rank ", r, " left (freed its shared-memory window: "
+                                "its communicator or backend was destroyed) while rank ", rank_,
+                                " waited for it at shared-memory step ", target,
+                                "; it skipped a collective that this rank called");
+        return failure_;
+      }
       // Sleep in the kernel until the peer's arrival changes its word, or 50 ms pass to check
       // the timeout (10 ms under an interrupt, which must be seen soon after it fires).
       __atomic_fetch_add(word + 1, 1u, __ATOMIC_SEQ_CST);

@@ -29,7 +29,9 @@
 // sleeps on the peer's counter with a futex that the peer wakes when it arrives, so 8 ranks on
 // 2 cores never burn for long the cores their peers need.
 // A wait longer than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window
-// unusable. A call given an Interrupt checks it at every wake (the futex sleep is then cut to
+// unusable. A peer that frees its window (its communicator destroyed) while a rank waits for an
+// arrival it never made fails that wait at once, with kAborted naming it: the destructor sets a
+// "left" flag on its arrival line after its last arrival and wakes the sleepers. A call given an Interrupt checks it at every wake (the futex sleep is then cut to
 // 10 ms) and, when it turns non-OK, returns its status ("AllReduce: <message>") and marks the
 // window unusable as well: the peers are left mid-collective, in an unknown state.
 //

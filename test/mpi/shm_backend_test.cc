@@ -148,6 +148,31 @@ TEST(ShmErrors, MissingPeerTimesOutAndNamesIt) {
   shm.reset();  // collective: every rank frees the window together
 }
 
+// A rank that frees its window while its peers wait for it in a collective (it skipped the
+// call and destroyed its communicator): they fail at once with kAborted naming it, long before
+// their timeout (60 s here, which would give kTimeout), and later calls fail fast too.
+TEST(ShmErrors, PeerThatLeavesFailsItsWaitersAtOnce) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto created = ShmCollectives::Create(World()->mpi_comm(), 4096, 60.0);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  auto shm = std::move(created).value();
+  std::vector<float> x(4096, 1.0f);
+  const int last = World()->size() - 1;
+  // A first call every rank makes, so that the leaver has arrivals behind it.
+  ASSERT_TRUE(OkOnEveryRank(shm->AllReduce(x.data(), x.data(), 16, DType::kFloat32)));
+  if (World()->rank() == last) {
+    shm.reset();  // blocks in MPI_Win_free until the others free theirs
+    return;
+  }
+  Status st = shm->AllReduce(x.data(), x.data(), x.size(), DType::kFloat32);
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+  EXPECT_NE(st.message().find(StrCat("node rank ", last, " left")), std::string::npos)
+      << st.message();
+  Status again = shm->Broadcast(x.data(), 1, DType::kFloat32, 0);
+  EXPECT_EQ(again.code(), StatusCode::kAborted) << again.ToString();
+  shm.reset();
+}
+
 TEST(ShmErrors, SingleCopyMismatchFailsOnEveryRank) {
   if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
   auto s = ShmCollectives::Create(World()->mpi_comm(), 8192, 10.0,
@@ -494,7 +519,9 @@ TEST_F(ShmAgreement, ReduceScatterWithNothingToReceiveFailsTheNextCall) {
   // The same call with the same arguments everywhere: rank 0 gets the exact sum.
   st = shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32);
   EXPECT_TRUE(OkOnEveryRank(st));
-  if (rank() == 0) EXPECT_EQ(out[2], static_cast<float>(size()));
+  if (rank() == 0) {
+    EXPECT_EQ(out[2], static_cast<float>(size()));
+  }
   ExpectUsable(4);
 }
 
