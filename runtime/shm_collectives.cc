@@ -128,6 +128,9 @@ struct ShmCollectives::Descriptor {
   uint64_t source;
   int32_t copy_errno;
   int32_t copy_from;
+  // 1 where this rank is the root of a one-piece broadcast and returned without waiting (it
+  // moved a stage whatever its peers find; see Broadcast). Not compared.
+  int32_t early_root;
   // The same call with the same arguments (and the same "bad" flag).
   bool Alike(const Descriptor& o) const {
     return std::memcmp(&record, &o.record, sizeof(ArgRecord)) == 0 &&
@@ -137,7 +140,7 @@ struct ShmCollectives::Descriptor {
 
 namespace {
 // The control area: the counter line, then two descriptors; slots start 64-byte aligned.
-constexpr size_t kDescBytes = 320;  // one descriptor's place (two per rank)
+constexpr size_t kDescBytes = 384;  // one descriptor's place (two per rank)
 constexpr size_t kControlBytes = (kLineBytes + 2 * kDescBytes + 63) / 64 * 64;
 }  // namespace
 
@@ -465,6 +468,7 @@ CollectiveArgs CountedArgs(const char* call, const std::vector<size_t>& counts, 
 void ShmCollectives::Publish(const CollectiveArgs& args) {
   Descriptor* mine = Desc(rank_, calls_);
   mine->record = RecordOf(args);
+  mine->early_root = 0;
   CopyString(mine->call, sizeof(mine->call), args.call);
   if (!args.local.ok()) {
     CopyString(mine->message, sizeof(mine->message), args.local.message().c_str());
@@ -492,12 +496,12 @@ Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interr
     Publish(failed);
     PSD_CHECK(Sync(args.call, interrupt));
     ++calls_;
-    return Verdict(failed, call);
+    return FailedStages(Verdict(failed, call), call);
   }
   Publish(args);
   PSD_CHECK(Sync(args.call, interrupt));
   ++calls_;
-  return Verdict(args, call);
+  return FailedStages(Verdict(args, call), call);
 }
 
 Status ShmCollectives::Verdict(const CollectiveArgs& args, uint64_t call) {
@@ -556,8 +560,9 @@ Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt) {
   mine.call = pending_call_name_.c_str();
   Status verdict = Verdict(mine, pending_call_);
   if (!verdict.ok()) {
-    // The peers that failed it moved no stage: neither does this rank, in the end.
-    stage_ -= pending_stages_;
+    // The peers that failed it moved no stage: neither does this rank, in the end (unless a
+    // broadcast root returned early in that call: then they did, see FailedStages).
+    if (!EarlyRootIn(pending_call_)) stage_ -= pending_stages_;
     deferred_ = Status(verdict.code(), StrCat(" (", pending_call_name_,
                                               ") returned here before its peers found: ",
                                               verdict.message()));
@@ -900,15 +905,18 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       // Every rank checks every rank's descriptor before the second piece moves, so a call
       // of several pieces fails in the call itself, on every rank.
       PSD_CHECK(Await(call, interrupt, first, -1));
-      Status verdict = Verdict(a, index);
-      if (!verdict.ok()) return verdict;  // no stage moved, as on the ranks that failed first
+      Status verdict = FailedStages(Verdict(a, index), index);
+      if (!verdict.ok()) return verdict;
     }
     if (rank_ == root) {
       // The stage of piece k last held piece k - 3, which a receiver is done with once it has
       // arrived for piece k - 2.
       if (k >= 2) PSD_CHECK(Await(call, interrupt, first + static_cast<uint32_t>(k - 2), -1));
       std::memcpy(slot, data + start, len);
-      if (k == 0) Publish(a);
+      if (k == 0) {
+        Publish(a);
+        Desc(rank_, index)->early_root = pieces == 1 ? 1 : 0;
+      }
       arrival = Arrive();
     } else {
       if (k == 0) Publish(a);
@@ -919,7 +927,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
           // Rare: wait for every rank and reach the verdict the others reach.
           PSD_CHECK(Await(call, interrupt, arrival, -1));
           ++calls_;
-          return Verdict(a, index);
+          return FailedStages(Verdict(a, index), index);
         }
         if (pieces == 1) {
           __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
@@ -935,9 +943,29 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (stream) StreamFence();
   stage_ += pieces;
   // The next call starts once every peer has arrived for the last piece (Begin); a broadcast
-  // of one piece is checked there too, except by a receiver whose only peer is the root.
-  Defer(arrival, index, pieces, pieces == 1 && (rank_ == root || size_ > 2), a.call, root);
+  // of one piece is checked there too, except by a receiver whose only peer is the root. Its
+  // stage stays moved even where that check fails (see FailedStages): nothing to undo.
+  Defer(arrival, index, 0, pieces == 1 && (rank_ == root || size_ > 2), a.call, root);
   return Status::Ok();
+}
+
+Status ShmCollectives::FailedStages(Status verdict, uint64_t index) {
+  if (verdict.ok()) return verdict;
+  // A broadcast root of one piece returned before anyone checked the call and moved a stage,
+  // and so did the receivers that matched it; they may still be copying out of the root's slot
+  // after this failure. So the stage stays moved: every rank that fails the call in the call
+  // (whatever it called) moves it too, wherever such a root exists (every one of them reads the
+  // same descriptors). Giving it back instead would let the root's next call write into the
+  // slot its receivers still read.
+  if (EarlyRootIn(index)) ++stage_;
+  return verdict;
+}
+
+bool ShmCollectives::EarlyRootIn(uint64_t index) const {
+  for (int r = 0; r < size_; ++r) {
+    if (Desc(r, index)->early_root != 0) return true;
+  }
+  return false;
 }
 
 void ShmCollectives::Defer(uint32_t arrival, uint64_t index, uint64_t stages, bool verdict,

@@ -56,7 +56,9 @@
 // broadcast at the start of its next call (Begin, after waiting for every peer to have entered
 // the broadcast). Where that verdict is a failure, the rank fails that next call with it as its
 // own bad argument, so the next call fails on every rank, naming the broadcast's failure; the
-// root learns of a broadcast its peers refused one call late. A broadcast of several pieces is
+// root learns of a broadcast its peers refused one call late. Such a broadcast's stage stays
+// moved on every rank, failed or not (the ranks that matched the root may still be copying out
+// of its slot when the root's next call begins). A broadcast of several pieces is
 // paced by its root the same way, but every rank checks every descriptor before the second
 // piece, so it fails in the call itself. A ReduceScatter of one round returns the same way on
 // the ranks whose share is empty (most of them in a reduce-scatter of a few elements). Waiting
@@ -171,6 +173,11 @@ class ShmCollectives {
   // root: a broadcast's root, whose receivers confirm (Confirmed); -1 for other calls.
   void Defer(uint32_t arrival, uint64_t index, uint64_t stages, bool verdict, const char* call,
              int root);
+  // A verdict reached in call `index` itself, passed through: where it is a failure, moves the
+  // stage that a broadcast root of one piece moved without waiting, where any rank was one (so
+  // every rank keeps the same stage; see Broadcast).
+  Status FailedStages(Status verdict, uint64_t index);
+  bool EarlyRootIn(uint64_t index) const;
   // On a rank's arrival line: the last one-piece broadcast whose root's descriptor this rank
   // (a receiver) found equal to its own, as Confirmation(call index, root).
   uint64_t* Confirmed(int rank) const;
