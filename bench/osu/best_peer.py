@@ -30,6 +30,14 @@ Per size it prints:
 Times are the program's per-size average over its timed runs, averaged across ranks. A
 configuration whose peer result was ever wrong (#wrong > 0) is not eligible as best.
 
+With --confirm R2, the choice is then measured again on fresh runs: every configuration that
+was best at some size runs R2 more times, interleaved, and per size the table adds the medians
+of both columns *from those runs only* (ours and the chosen configuration in the same mpirun,
+so the two see the same rank placement) and their ratio. Picking the lowest of ~25 medians
+favours whichever configuration had lucky runs (on a VM whose rank placement moves small-message
+times by 2-4x between runs, a large effect); measuring the pick on runs that did not choose it
+removes that bias, and pairing removes the placement noise between the columns.
+
 Output: a Markdown table (for bench/RESULTS.md) on stdout or --markdown FILE, and with
 --json FILE every sample, configuration and command line.
 
@@ -37,6 +45,7 @@ Usage:
   bench/osu/best_peer.py [--build DIR | --bin PATH] [-np N] [-m [MIN:]MAX] [-r REPS]
       [-i ITER] [-x WARMUP] [-t LEVEL] [-T TYPE] [--root R] [--segsizes S,S,...]
       [--algorithms N,N,...] [--timeout SEC] [--mpirun-args "ARGS"] [--ours-from auto|default|all]
+      [--confirm R2]
       [--json FILE] [--markdown FILE] [--dry-run] [--verbose]
       {allreduce,reduce_scatter,allgather,broadcast}
 e.g.
@@ -241,6 +250,26 @@ def fmt_ratio(x):
     return "-" if x is None else "%.2f" % x
 
 
+def run_config(cmd, timeout, rep):
+    """One mpirun of a configuration: (its JSON document or None, the run's record, seconds)."""
+    rc, out, err, timed_out, wall = run_once(cmd, timeout)
+    run = {"rep": rep, "rc": rc, "timed_out": timed_out, "wall_s": round(wall, 2)}
+    doc = None
+    if timed_out:
+        run["error"] = "timed out after %.0f s" % timeout
+    elif rc != 0:
+        run["error"] = "exit %s: %s" % (rc, last_line(err) or last_line(out))
+    else:
+        try:
+            doc = parse_json_output(out)
+            if not doc.get("rows"):
+                raise ValueError("no rows")
+        except ValueError as e:
+            run["error"] = "bad JSON output (%s): %s" % (e, last_line(out))
+            doc = None
+    return doc, run, wall
+
+
 def main():
     ap = argparse.ArgumentParser(
         description="Poseidon vs Open MPI's best coll_tuned configuration, per size "
@@ -274,14 +303,17 @@ def main():
                     help="which runs make our median: all configurations' runs where our call "
                          "cannot depend on the MCA flags and the default's elsewhere (auto, "
                          "the default), the default configuration's only, or all")
+    ap.add_argument("--confirm", type=int, default=0, metavar="R2",
+                    help="then run each size's chosen configuration R2 more times and report "
+                         "both columns from those runs alone (default 0: no confirmation)")
     ap.add_argument("--json", dest="json_out", help="write every sample and command here")
     ap.add_argument("--markdown", help="write the Markdown here instead of stdout")
     ap.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     ap.add_argument("--verbose", action="store_true", help="log each run's figures")
     a = ap.parse_args()
 
-    if a.np < 1 or a.reps < 1:
-        raise SystemExit("best_peer.py: -np and -r must be at least 1")
+    if a.np < 1 or a.reps < 1 or a.confirm < 0:
+        raise SystemExit("best_peer.py: -np and -r must be at least 1, --confirm at least 0")
     if a.root is not None and a.program != "broadcast":
         raise SystemExit("best_peer.py: --root is for broadcast only")
     coll, peer_call = PROGRAMS[a.program]
@@ -334,22 +366,8 @@ def main():
             if st["failed"] is not None:
                 st["runs"].append({"rep": rep, "skipped": True})
                 continue
-            rc, out, err, timed_out, wall = run_once(commands[name], a.timeout)
-            run = {"rep": rep, "rc": rc, "timed_out": timed_out, "wall_s": round(wall, 2)}
-            doc = None
-            if timed_out:
-                run["error"] = "timed out after %.0f s" % a.timeout
-            elif rc != 0:
-                run["error"] = "exit %s: %s" % (rc, last_line(err) or last_line(out))
-            else:
-                try:
-                    doc = parse_json_output(out)
-                    if not doc.get("rows"):
-                        raise ValueError("no rows")
-                except ValueError as e:
-                    run["error"] = "bad JSON output (%s): %s" % (e, last_line(out))
-                    doc = None
-            if doc is None and not timed_out:
+            doc, run, wall = run_config(commands[name], a.timeout, rep)
+            if doc is None and not run["timed_out"]:
                 st["failed"] = run["error"]
             if doc is not None:
                 docs.setdefault(name, []).append(doc)
@@ -362,7 +380,6 @@ def main():
                     log("    %10d B  ours %.2f us  peer %s us" % (
                         row["size"], row["ours"]["time_us"],
                         "%.2f" % row["peer"]["time_us"] if row.get("peer") else "-"))
-    finished = datetime.datetime.now(datetime.timezone.utc)
 
     if "default" not in docs and not docs:
         log("best_peer.py: no configuration produced a result")
@@ -428,6 +445,39 @@ def main():
             "wrong_peer_configs": sorted(n for n, s in per.items() if s["wrong_peer"] > 0),
         })
 
+    # ---- Confirmation: each size's chosen configuration on fresh runs, both columns paired ----
+    order = [n for n, _ in configs]
+    chosen = sorted({r["best_config"] for r in rows if r["best_config"]}, key=order.index)
+    confirm = {name: {"runs": [], "docs": []} for name in chosen}
+    if a.confirm > 0:
+        total_c = len(chosen) * a.confirm
+        kc = 0
+        for rep in range(1, a.confirm + 1):
+            for name in chosen:
+                kc += 1
+                doc, run, wall = run_config(commands[name], a.timeout, rep)
+                confirm[name]["runs"].append(run)
+                if doc is not None:
+                    confirm[name]["docs"].append(doc)
+                log("[confirm %d/%d] rep %d %-36s %s (%.1f s)" % (
+                    kc, total_c, rep, name, "ok" if doc is not None else run.get("error", "?"),
+                    wall))
+        for r in rows:
+            ours_c, peer_c, wrong_c = [], [], 0
+            for d in confirm.get(r["best_config"], {"docs": []})["docs"]:
+                for row in d["rows"]:
+                    if row["size"] != r["size"] or not row.get("peer"):
+                        continue
+                    ours_c.append(row["ours"]["time_us"])
+                    peer_c.append(row["peer"]["time_us"])
+                    wrong_c += int(row["ours"].get("wrong", 0))
+            oc, pc = median(ours_c), median(peer_c)
+            r.update({"confirm_ours_us": oc, "confirm_best_us": pc, "confirm_n": len(ours_c),
+                      "confirm_ours_samples_us": ours_c, "confirm_best_samples_us": peer_c,
+                      "confirm_best_over_ours": (pc / oc) if pc and oc else None,
+                      "confirm_wrong": wrong_c})
+    finished = datetime.datetime.now(datetime.timezone.utc)
+
     # ---- Markdown ----
     md = []
     P = meta.get("ranks", a.np)
@@ -471,15 +521,33 @@ def main():
              "all": "runs over every configuration"}[a.ours_from],
             shm_threshold if shm_threshold is not None else "?", peer_call))
     md.append("")
-    md.append("| size | path | ours us (n) | Open MPI default us (n) | best Open MPI us (n) | "
-              "best configuration | default / ours | best / ours | #wrong ours / peer |")
-    md.append("|---|---|---|---|---|---|---|---|---|")
+    if a.confirm > 0:
+        md.append(
+            "Confirmation: each size's best configuration then ran %d more times, interleaved "
+            "(%d configurations); \"confirmed\" = the medians of ours and of that configuration "
+            "over those runs only, both columns from the same mpiruns, and their ratio."
+            % (a.confirm, len(chosen)))
+        md.append("")
+    head = ("| size | path | ours us (n) | Open MPI default us (n) | best Open MPI us (n) | "
+            "best configuration | default / ours | best / ours |")
+    rule = "|---|---|---|---|---|---|---|---|"
+    if a.confirm > 0:
+        head += " confirmed: ours / best us (n) | confirmed best / ours |"
+        rule += "---|---|"
+    md.append(head + " #wrong ours / peer |")
+    md.append(rule + "---|")
     for r in rows:
-        md.append("| %s | %s | %s (%d) | %s (%d) | %s (%d) | %s | %s | %s | %d / %d |" % (
+        line = "| %s | %s | %s (%d) | %s (%d) | %s (%d) | %s | %s | %s |" % (
             human_size(r["size"]), r["ours_path"], fmt_us(r["ours_median_us"]), r["ours_n"],
             fmt_us(r["default_median_us"]), r["default_n"], fmt_us(r["best_median_us"]),
             r["best_n"], r["best_config"] or "-", fmt_ratio(r["default_over_ours"]),
-            fmt_ratio(r["best_over_ours"]), r["wrong_ours"], r["wrong_peer"]))
+            fmt_ratio(r["best_over_ours"]))
+        if a.confirm > 0:
+            line += " %s / %s (%d) | %s |" % (
+                fmt_us(r.get("confirm_ours_us")), fmt_us(r.get("confirm_best_us")),
+                r.get("confirm_n", 0), fmt_ratio(r.get("confirm_best_over_ours")))
+        md.append(line + " %d / %d |" % (r["wrong_ours"] + r.get("confirm_wrong", 0),
+                                          r["wrong_peer"]))
     md.append("")
     bad = [(n, st["failed"]) for n, st in state.items() if st["failed"]]
     timeouts = [(n, sum(1 for r in st["runs"] if r.get("timed_out"))) for n, st in state.items()]
@@ -525,12 +593,14 @@ def main():
                          "failed": state[n]["failed"], "runs": state[n]["runs"]}
                         for n, flags in configs],
             "rows": rows,
+            "confirm_repetitions": a.confirm,
+            "confirm_runs": {n: c["runs"] for n, c in confirm.items()},
             "script_command": ["bench/osu/best_peer.py"] + sys.argv[1:],
         }
         with open(a.json_out, "w") as f:
             json.dump(out, f, indent=1)
         log("best_peer.py: wrote %s" % a.json_out)
-    any_wrong = any(r["wrong_ours"] for r in rows)
+    any_wrong = any(r["wrong_ours"] or r.get("confirm_wrong", 0) for r in rows)
     return 1 if (any_wrong or not docs) else 0
 
 
