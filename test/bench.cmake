@@ -12,6 +12,17 @@ if(TARGET osu_allreduce)
   psd_add_mpi_test(osu_allgather NP 2 3 4 TIMEOUT 90 LABELS bench
                    ARGS ${_osu_args} -T float16 --json ENV ${_osu_env})
 
+  # bench/osu/best_peer.py end to end on a few sizes: the default and one algorithm, one
+  # repetition, then one confirmation run of the pick; it exits 1 on any wrong result, and the
+  # table must carry the confirmed columns.
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    add_test(NAME best_peer_smoke COMMAND bash -c
+      "set -o pipefail; '${Python3_EXECUTABLE}' '${PROJECT_SOURCE_DIR}/bench/osu/best_peer.py' allreduce --build '${PROJECT_BINARY_DIR}' --mpirun '${MPIEXEC_EXECUTABLE}' -np 2 -m 4:64 -r 1 -i 3 -x 1 --algorithms 1 --segsizes '' --confirm 1 --timeout 60 | grep 'confirmed best / ours'")
+    set_tests_properties(best_peer_smoke PROPERTIES TIMEOUT 180 LABELS "mpi;bench"
+      ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}")
+  endif()
+
   # Option errors, one process (MPI singleton): clear messages, exit status 2.
   add_test(NAME osu_bad_size_range COMMAND osu_allreduce -m 5:2)
   set_tests_properties(osu_bad_size_range PROPERTIES TIMEOUT 30 LABELS bench
