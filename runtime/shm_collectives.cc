@@ -128,9 +128,10 @@ struct ShmCollectives::Descriptor {
   uint64_t source;
   int32_t copy_errno;
   int32_t copy_from;
-  // 1 where this rank is the root of a one-piece broadcast and returned without waiting (it
-  // moved a stage whatever its peers find; see Broadcast). Not compared.
-  int32_t early_root;
+  // 1 where this rank returned before anyone checked the call, having moved a stage (a
+  // broadcast root of one piece, a reduce-scatter rank with nothing to receive; see
+  // FailedStages). Not compared.
+  int32_t early;
   // The same call with the same arguments (and the same "bad" flag).
   bool Alike(const Descriptor& o) const {
     return std::memcmp(&record, &o.record, sizeof(ArgRecord)) == 0 &&
@@ -468,7 +469,7 @@ CollectiveArgs CountedArgs(const char* call, const std::vector<size_t>& counts, 
 void ShmCollectives::Publish(const CollectiveArgs& args) {
   Descriptor* mine = Desc(rank_, calls_);
   mine->record = RecordOf(args);
-  mine->early_root = 0;
+  mine->early = 0;
   CopyString(mine->call, sizeof(mine->call), args.call);
   if (!args.local.ok()) {
     CopyString(mine->message, sizeof(mine->message), args.local.message().c_str());
@@ -560,9 +561,7 @@ Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt) {
   mine.call = pending_call_name_.c_str();
   Status verdict = Verdict(mine, pending_call_);
   if (!verdict.ok()) {
-    // The peers that failed it moved no stage: neither does this rank, in the end (unless a
-    // broadcast root returned early in that call: then they did, see FailedStages).
-    if (!EarlyRootIn(pending_call_)) stage_ -= pending_stages_;
+    // The stage it moved stays moved: the peers that failed it moved one too (FailedStages).
     deferred_ = Status(verdict.code(), StrCat(" (", pending_call_name_,
                                               ") returned here before its peers found: ",
                                               verdict.message()));
@@ -753,10 +752,11 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       // (the verdict and my peers' reads are settled at my next call).
       const uint64_t index = calls_;
       Publish(a);
+      Desc(rank_, index)->early = 1;
       const uint32_t arrival = Arrive();
       ++calls_;
       ++stage_;
-      Defer(arrival, index, 1, true, a.call, -1);
+      Defer(arrival, index, true, a.call, -1);
       return Status::Ok();
     }
     PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(call, interrupt));
@@ -915,7 +915,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       std::memcpy(slot, data + start, len);
       if (k == 0) {
         Publish(a);
-        Desc(rank_, index)->early_root = pieces == 1 ? 1 : 0;
+        if (pieces == 1) Desc(rank_, index)->early = 1;
       }
       arrival = Arrive();
     } else {
@@ -943,38 +943,35 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (stream) StreamFence();
   stage_ += pieces;
   // The next call starts once every peer has arrived for the last piece (Begin); a broadcast
-  // of one piece is checked there too, except by a receiver whose only peer is the root. Its
-  // stage stays moved even where that check fails (see FailedStages): nothing to undo.
-  Defer(arrival, index, 0, pieces == 1 && (rank_ == root || size_ > 2), a.call, root);
+  // of one piece is checked there too, except by a receiver whose only peer is the root.
+  Defer(arrival, index, pieces == 1 && (rank_ == root || size_ > 2), a.call, root);
   return Status::Ok();
 }
 
 Status ShmCollectives::FailedStages(Status verdict, uint64_t index) {
   if (verdict.ok()) return verdict;
-  // A broadcast root of one piece returned before anyone checked the call and moved a stage,
-  // and so did the receivers that matched it; they may still be copying out of the root's slot
-  // after this failure. So the stage stays moved: every rank that fails the call in the call
-  // (whatever it called) moves it too, wherever such a root exists (every one of them reads the
-  // same descriptors). Giving it back instead would let the root's next call write into the
-  // slot its receivers still read.
-  if (EarlyRootIn(index)) ++stage_;
+  // Some ranks may have returned before anyone checked the call, each having moved a stage
+  // (Descriptor::early): a broadcast root of one piece, with the receivers that matched it,
+  // which may still be copying out of the root's slot after this failure; reduce-scatter
+  // ranks with nothing to receive. Their stage stays moved (giving it back would let the
+  // root's next call write into the slot its receivers still read), so every rank that fails
+  // the call in the call (whatever it called) moves one too. Every one of them reads the same
+  // descriptors.
+  for (int r = 0; r < size_; ++r) {
+    if (Desc(r, index)->early != 0) {
+      ++stage_;
+      break;
+    }
+  }
   return verdict;
 }
 
-bool ShmCollectives::EarlyRootIn(uint64_t index) const {
-  for (int r = 0; r < size_; ++r) {
-    if (Desc(r, index)->early_root != 0) return true;
-  }
-  return false;
-}
-
-void ShmCollectives::Defer(uint32_t arrival, uint64_t index, uint64_t stages, bool verdict,
-                            const char* call, int root) {
+void ShmCollectives::Defer(uint32_t arrival, uint64_t index, bool verdict, const char* call,
+                            int root) {
   pending_root_ = root;
   pending_ = true;
   pending_arrival_ = arrival;
   pending_call_ = index;
-  pending_stages_ = stages;
   pending_verdict_ = verdict;
   pending_call_name_ = call;
 }

@@ -25,15 +25,15 @@
 // counter has reached the same value. A waiter spins for up to 5 us where every rank can have a
 // core and the awaited peer last arrived on another core than the waiter's (each arrival
 // records its core), then polls with sched_yield for up to 200 us (a runnable peer gets the
-// core at once), then
-// sleeps on the peer's counter with a futex that the peer wakes when it arrives, so 8 ranks on
-// 2 cores never burn for long the cores their peers need.
+// core at once), then sleeps on the peer's counter with a futex that the peer wakes when it
+// arrives, so 8 ranks on 2 cores never burn for long the cores their peers need.
 // A wait longer than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window
 // unusable. A peer that frees its window (its communicator destroyed) while a rank waits for an
 // arrival it never made fails that wait at once, with kAborted naming it: the destructor sets a
-// "left" flag on its arrival line after its last arrival and wakes the sleepers. A call given an Interrupt checks it at every wake (the futex sleep is then cut to
-// 10 ms) and, when it turns non-OK, returns its status ("AllReduce: <message>") and marks the
-// window unusable as well: the peers are left mid-collective, in an unknown state.
+// "left" flag on its arrival line after its last arrival and wakes the sleepers. A call given
+// an Interrupt checks it at every wake (the futex sleep is then cut to 10 ms) and, when it
+// turns non-OK, returns its status ("AllReduce: <message>") and marks the window unusable as
+// well: the peers are left mid-collective, in an unknown state.
 //
 // Single copy: AllGather(V) of at least single_copy_bytes (Create) and below 32 MiB skips the
 // window. Every rank puts the address of its input in its call descriptor, and after the
@@ -58,10 +58,11 @@
 // own bad argument, so the next call fails on every rank, naming the broadcast's failure; the
 // root learns of a broadcast its peers refused one call late. Such a broadcast's stage stays
 // moved on every rank, failed or not (the ranks that matched the root may still be copying out
-// of its slot when the root's next call begins). A broadcast of several pieces is
-// paced by its root the same way, but every rank checks every descriptor before the second
-// piece, so it fails in the call itself. A ReduceScatter of one round returns the same way on
-// the ranks whose share is empty (most of them in a reduce-scatter of a few elements). Waiting
+// of its slot when the root's next call begins). A broadcast of several pieces is paced by its
+// root the same way, but every rank checks every descriptor before the second piece, so it
+// fails in the call itself. A ReduceScatter of one round returns the same way on the ranks
+// whose share is empty (most of them in a reduce-scatter of a few elements), its stage kept
+// moved alike. Waiting
 // at Begin also keeps the window's invariant: when a call starts, every peer has arrived for
 // the previous one's last step, as after a Sync.
 //
@@ -168,16 +169,14 @@ class ShmCollectives {
   // Every call's start: fails once the window is broken, and settles a call that returned
   // early (see "Broadcast" above); a failure found there goes out with this call's Enter.
   Status Begin(const char* call, const Interrupt* interrupt);
-  // Leaves call `index` (its last arrival `arrival`, `stages` stages moved) for the next call's
-  // Begin to settle: wait for every peer's arrival, and check its agreement if `verdict`.
-  // root: a broadcast's root, whose receivers confirm (Confirmed); -1 for other calls.
-  void Defer(uint32_t arrival, uint64_t index, uint64_t stages, bool verdict, const char* call,
-             int root);
+  // Leaves call `index` (its last arrival `arrival`) for the next call's Begin to settle: wait
+  // for every peer's arrival, and check its agreement if `verdict`. root: a broadcast's root,
+  // whose receivers confirm (Confirmed); -1 for other calls.
+  void Defer(uint32_t arrival, uint64_t index, bool verdict, const char* call, int root);
   // A verdict reached in call `index` itself, passed through: where it is a failure, moves the
-  // stage that a broadcast root of one piece moved without waiting, where any rank was one (so
-  // every rank keeps the same stage; see Broadcast).
+  // stage that the ranks which returned early from that call moved, where any did (so every
+  // rank keeps the same stage; see Broadcast).
   Status FailedStages(Status verdict, uint64_t index);
-  bool EarlyRootIn(uint64_t index) const;
   // On a rank's arrival line: the last one-piece broadcast whose root's descriptor this rank
   // (a receiver) found equal to its own, as Confirmation(call index, root).
   uint64_t* Confirmed(int rank) const;
@@ -235,7 +234,6 @@ class ShmCollectives {
   bool pending_ = false;
   uint32_t pending_arrival_ = 0;
   uint64_t pending_call_ = 0;
-  uint64_t pending_stages_ = 0;
   int pending_root_ = -1;
   bool pending_verdict_ = false;  // its agreement is still to be checked (else only its arrival)
   std::string pending_call_name_;
