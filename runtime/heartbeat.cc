@@ -1,6 +1,5 @@
 #include "runtime/heartbeat.h"
 
-#include <memory>
 #include <mutex>
 
 #include "runtime/agreement.h"
@@ -22,16 +21,14 @@ struct ParkedReceives {
   std::vector<MPI_Request> requests;
 };
 std::mutex g_parked_mu;
-std::vector<std::unique_ptr<ParkedReceives>>* g_parked = nullptr;  // guarded; never freed
+std::vector<ParkedReceives>* g_parked = nullptr;  // guarded; never freed
 
 void ParkReceives(std::vector<uint64_t> words, std::vector<MPI_Request> requests) {
-  // Moving a vector keeps its heap block, so the addresses MPI holds stay valid.
-  auto parked = std::make_unique<ParkedReceives>();
-  parked->words = std::move(words);
-  parked->requests = std::move(requests);
+  // Moving a vector (here, and when the list grows) keeps its heap block, so the addresses MPI
+  // holds stay valid.
   std::lock_guard<std::mutex> lock(g_parked_mu);
-  if (g_parked == nullptr) g_parked = new std::vector<std::unique_ptr<ParkedReceives>>();
-  g_parked->push_back(std::move(parked));
+  if (g_parked == nullptr) g_parked = new std::vector<ParkedReceives>();
+  g_parked->push_back({std::move(words), std::move(requests)});
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -156,10 +155,13 @@ namespace {
 // for its memory.
 // The enums are taken by reference, as CheckDTypeArg and CallOptionsFor take them: a value
 // outside the enum (a C caller's bad argument) is never loaded as the enum type.
+// `checks` is any callable returning Status (a template, not std::function: no allocation
+// per call).
+template <typename Checks>
 Result<Backend*> StartCollective(CommState& s, const char* backend_call,
                                  const psdDataType_t& dtype, const psdMemory_t& memory,
-                                 void* stream, const char* detail,
-                                 const std::function<Status()>& checks, CallOptions* opts) {
+                                 void* stream, const char* detail, const Checks& checks,
+                                 CallOptions* opts) {
   PSD_CHECK(FailCollectiveTogether(s, backend_call, [&]() -> Status {
     PSD_CHECK(CheckDTypeArg(dtype));
     PSD_CHECK(checks());
