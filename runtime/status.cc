@@ -20,22 +20,27 @@ const char* StatusCodeName(StatusCode code) {
   return "Unknown";
 }
 
+const std::string& Status::message() const {
+  static const std::string kNone;
+  return rep_ ? rep_->message : kNone;
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
-  return StrCat(StatusCodeName(code_), ": ", message_);
+  return StrCat(StatusCodeName(rep_->code), ": ", rep_->message);
 }
 
 Status Status::WithPrefix(const std::string& prefix) const {
   if (ok()) return *this;
-  return Status(code_, prefix + message_);
+  return Status(rep_->code, prefix + rep_->message);
 }
 
 Status Status::WithLocation(const char* file, int line) const {
   if (ok()) return *this;
   // Keep only the first location: the place where the error was born is the useful one.
-  if (message_.find(" [at ") != std::string::npos) return *this;
+  if (rep_->message.find(" [at ") != std::string::npos) return *this;
   const char* base = std::strrchr(file, '/');
-  return Status(code_, StrCat(message_, " [at ", base ? base + 1 : file, ":", line, "]"));
+  return Status(rep_->code, StrCat(rep_->message, " [at ", base ? base + 1 : file, ":", line, "]"));
 }
 
 }  // namespace poseidon

@@ -29,15 +29,39 @@ enum class StatusCode : int {
 
 const char* StatusCodeName(StatusCode code);
 
+// An OK status is one null pointer: collectives return and check several per call, so the
+// common case costs no string construction, copy or destruction; an error holds its code and
+// message on the heap.
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message)
+      : rep_(code == StatusCode::kOk ? nullptr : new Rep{code, std::move(message)}) {}
+  Status(const Status& o) : rep_(o.rep_ ? new Rep(*o.rep_) : nullptr) {}
+  Status(Status&& o) noexcept : rep_(o.rep_) { o.rep_ = nullptr; }
+  Status& operator=(const Status& o) {
+    if (this != &o) {
+      Rep* copy = o.rep_ ? new Rep(*o.rep_) : nullptr;
+      delete rep_;
+      rep_ = copy;
+    }
+    return *this;
+  }
+  Status& operator=(Status&& o) noexcept {
+    if (this != &o) {
+      delete rep_;
+      rep_ = o.rep_;
+      o.rep_ = nullptr;
+    }
+    return *this;
+  }
+  ~Status() { delete rep_; }
 
   static Status Ok() { return Status(); }
-  bool ok() const { return code_ == StatusCode::kOk; }
-  StatusCode code() const { return code_; }
-  const std::string& message() const { return message_; }
+  bool ok() const { return rep_ == nullptr; }
+  StatusCode code() const { return rep_ ? rep_->code : StatusCode::kOk; }
+  // Empty for OK.
+  const std::string& message() const;
   // "InvalidArgument: <message>" or "OK".
   std::string ToString() const;
 
@@ -46,8 +70,11 @@ class [[nodiscard]] Status {
   Status WithLocation(const char* file, int line) const;
 
  private:
-  StatusCode code_ = StatusCode::kOk;
-  std::string message_;
+  struct Rep {
+    StatusCode code;
+    std::string message;
+  };
+  Rep* rep_ = nullptr;
 };
 
 template <typename... Parts>
