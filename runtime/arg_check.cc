@@ -44,7 +44,7 @@ ArgRecord RecordOf(const CollectiveArgs& args) {
   r.root = args.root;
   r.layout_hash = static_cast<int64_t>(args.layout_hash);
   r.detail_hash = static_cast<int64_t>(HashDetail(args.detail));
-  r.bad = args.local.ok() ? 0 : 1;
+  r.bad = static_cast<int64_t>(args.local.code());
   return r;
 }
 
@@ -91,8 +91,15 @@ Status ArgsVerdict(const CollectiveArgs& mine, const std::vector<ArgRecord>& all
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].bad == 0) continue;
     if (!mine.local.ok()) return mine.local;
-    return InvalidArgument(mine.call, ": rank ", r,
-                           " passed an invalid argument: ", message_of(static_cast<int>(r)));
+    // The bad rank's own code travels with it: a failure that rank carries from an earlier call
+    // (a broadcast its peers refused, say) reaches every rank as what it was.
+    const auto code = static_cast<StatusCode>(all[r].bad);
+    if (code == StatusCode::kInvalidArgument) {
+      return InvalidArgument(mine.call, ": rank ", r,
+                             " passed an invalid argument: ", message_of(static_cast<int>(r)));
+    }
+    return Status(code, StrCat(mine.call, ": rank ", r, " failed the call: ",
+                               message_of(static_cast<int>(r))));
   }
   if (all.empty()) return Status::Ok();
   if (Differs(all, &ArgRecord::count)) {

@@ -36,14 +36,16 @@
 // up to 10% faster than copy in, Sync, copy out).
 //
 // Broadcast (pieces of at most 512 KiB, piece k in stage k): the root copies piece k into its
-// slot and arrives; a receiver arrives, waits for the root's arrival alone and copies piece k
-// out. Nobody waits for everybody, except once, before piece 1 (every rank checks every
-// descriptor there, so a broadcast of several pieces fails in the call on every rank); the
-// root waits for the receivers only before reusing a stage (piece k waits until every
-// receiver has arrived for piece k - 2, i.e. is done with piece k - 3). The last piece is not
-// waited for: the next call's Begin waits until every peer has arrived for it, and settles a
-// one-piece broadcast's agreement there (see the header). On 2 cores root and receivers copy
-// at the same time, each piece still in cache: 2-4x faster than whole slots in lockstep.
+// slot (after a 128-byte head, where piece 0 carries the root's Stamp) and arrives; a receiver
+// arrives, waits for the root's arrival alone and copies piece k out. Nobody waits for
+// everybody, except once, before piece 1 (every rank checks every descriptor there, so a
+// broadcast of several pieces fails in the call on every rank); the root waits for the
+// receivers only before reusing a stage (piece k waits until every receiver has arrived for
+// piece k - 2, i.e. is done with piece k - 3). The last piece is not waited for: the next
+// call's Begin waits until every peer has arrived for it (except a receiver's next broadcast
+// from the same root), and the root settles a one-piece broadcast's agreement there (see the
+// header). On 2 cores root and receivers copy at the same time, each piece still in cache:
+// 2-4x faster than whole slots in lockstep.
 //
 // Single-copy AllGather(V) (from single_copy_bytes_ up to kStreamOutputBytes): every rank puts
 // its input's address in its descriptor and copies its own part; Enter; each rank reads every
@@ -118,10 +120,21 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 }  // namespace
 
-// One call's descriptor as a rank publishes it (plain data: it lives in the shared window).
-struct ShmCollectives::Descriptor {
+// What identifies a call on a rank: its name and argument record. A rank's descriptor starts
+// with it, and a broadcast root stamps it at the head of its slot, beside the data, so that a
+// receiver checks the call on the cache lines it reads anyway (see Broadcast).
+struct ShmCollectives::Stamp {
   ArgRecord record;
   char call[24];
+  // The same call with the same arguments (and the same "bad" flag).
+  bool Alike(const Stamp& o) const {
+    return std::memcmp(&record, &o.record, sizeof(ArgRecord)) == 0 &&
+           std::strncmp(call, o.call, sizeof(call)) == 0;
+  }
+};
+
+// One call's descriptor as a rank publishes it (plain data: it lives in the shared window).
+struct ShmCollectives::Descriptor : Stamp {
   char message[232];  // this rank's own argument error when record.bad, else its detail
   // Single copy: the address of this rank's source buffer in its own address space, then the
   // outcome of its reads (an errno, 0 when all succeeded, and the rank it failed to read).
@@ -132,17 +145,19 @@ struct ShmCollectives::Descriptor {
   // broadcast root of one piece, a reduce-scatter rank with nothing to receive; see
   // FailedStages). Not compared.
   int32_t early;
-  // The same call with the same arguments (and the same "bad" flag).
-  bool Alike(const Descriptor& o) const {
-    return std::memcmp(&record, &o.record, sizeof(ArgRecord)) == 0 &&
-           std::strncmp(call, o.call, sizeof(call)) == 0;
-  }
 };
 
 namespace {
-// The control area: the counter line, then two descriptors; slots start 64-byte aligned.
-constexpr size_t kDescBytes = 384;  // one descriptor's place (two per rank)
-constexpr size_t kControlBytes = (kLineBytes + 2 * kDescBytes + 63) / 64 * 64;
+// The control area: the counter line, then kDescPlaces descriptors; slots start 64-byte
+// aligned.
+constexpr size_t kDescBytes = 384;  // one descriptor's place
+constexpr uint64_t kDescPlaces = 3;  // call c's descriptor lives in place c % 3 (see the header)
+constexpr size_t kControlBytes = (kLineBytes + kDescPlaces * kDescBytes + 63) / 64 * 64;
+// A broadcast piece's data starts this far into its slot, after the root's Stamp (piece 0's
+// only; the others leave it unused). Data at 80 bytes (a small broadcast's stamp and data in
+// two cache lines instead of three) measured no faster at P = 4 on 2 cores, so it starts on a
+// cache line.
+constexpr size_t kStampBytes = 128;
 }  // namespace
 
 // The arrival word of a rank: the low 32 bits of its arrival count (a futex word; compared
@@ -335,7 +350,7 @@ uint64_t ShmCollectives::Confirmation(uint64_t call, int root) {
 ShmCollectives::Descriptor* ShmCollectives::Desc(int rank, uint64_t call) const {
   static_assert(sizeof(Descriptor) <= kDescBytes, "descriptor larger than its place");
   return reinterpret_cast<Descriptor*>(bases_[static_cast<size_t>(rank)] + kLineBytes +
-                                       (call % 2) * kDescBytes);
+                                       (call % kDescPlaces) * kDescBytes);
 }
 
 Status ShmCollectives::CheckUsable(const char* call) const {
@@ -536,9 +551,18 @@ Status ShmCollectives::Verdict(const CollectiveArgs& args, uint64_t call) {
   });
 }
 
-Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt) {
+Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt, int receive_from) {
   PSD_CHECK(CheckUsable(call));
   if (!pending_) return Status::Ok();
+  if (receive_from >= 0 && receive_from == pending_root_ && receive_from != rank_) {
+    // A receiver's broadcast after one it received from the same root: it waited for that
+    // root's last arrival in the call, and a receiver checks no other receiver (the root does,
+    // and tells every rank in its next call, this one). The root waited for every rank before
+    // its arrival for this call, which bounds how far a receiver can run ahead of the others:
+    // see "Broadcast" in the header.
+    pending_ = false;
+    return Status::Ok();
+  }
   // The previous call returned before its peers had checked it (see Broadcast): wait until
   // every peer has entered it, then reach the verdict they reached. Until then no peer can
   // have moved past it, so its descriptors are still in place.
@@ -557,12 +581,15 @@ Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt) {
     }
     if (all) return Status::Ok();
   }
+  // Its name as this rank published it (the call that returned early).
+  const Descriptor* own = Desc(rank_, pending_call_);
+  const std::string name = ReadString(own->call, sizeof(own->call));
   CollectiveArgs mine;
-  mine.call = pending_call_name_.c_str();
+  mine.call = name.c_str();
   Status verdict = Verdict(mine, pending_call_);
   if (!verdict.ok()) {
     // The stage it moved stays moved: the peers that failed it moved one too (FailedStages).
-    deferred_ = Status(verdict.code(), StrCat(" (", pending_call_name_,
+    deferred_ = Status(verdict.code(), StrCat(" (", name,
                                               ") returned here before its peers found: ",
                                               verdict.message()));
   }
@@ -756,7 +783,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       const uint32_t arrival = Arrive();
       ++calls_;
       ++stage_;
-      Defer(arrival, index, true, a.call, -1);
+      Defer(arrival, index, true, -1);
       return Status::Ok();
     }
     PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(call, interrupt));
@@ -888,11 +915,12 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0,
                            local};
   const CollectiveArgs& a = args != nullptr ? *args : own;
-  PSD_CHECK(Begin(call, interrupt));
+  PSD_CHECK(Begin(call, interrupt, local.ok() && root != rank_ ? root : -1));
   // A failure carried from this rank's previous call fails this one on every rank (Enter).
   if (!a.local.ok() || !local.ok() || count == 0 || !deferred_.ok()) return Enter(a, interrupt);
   const size_t bytes = count * DTypeSize(dtype);
-  const size_t piece = std::min(slot_bytes_, kBroadcastPieceBytes);
+  static_assert(sizeof(Stamp) <= kStampBytes, "stamp larger than its place");
+  const size_t piece = std::min(slot_bytes_ - kStampBytes, kBroadcastPieceBytes);
   const size_t pieces = (bytes + piece - 1) / piece;
   unsigned char* data = static_cast<unsigned char*>(buf);
   const bool stream = bytes >= kStreamOutputBytes;
@@ -912,10 +940,12 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       // The stage of piece k last held piece k - 3, which a receiver is done with once it has
       // arrived for piece k - 2.
       if (k >= 2) PSD_CHECK(Await(call, interrupt, first + static_cast<uint32_t>(k - 2), -1));
-      std::memcpy(slot, data + start, len);
+      std::memcpy(slot + kStampBytes, data + start, len);
       if (k == 0) {
         Publish(a);
-        if (pieces == 1) Desc(rank_, index)->early = 1;
+        Descriptor* mine = Desc(rank_, index);
+        *reinterpret_cast<Stamp*>(slot) = *mine;
+        if (pieces == 1) mine->early = 1;
       }
       arrival = Arrive();
     } else {
@@ -923,7 +953,8 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       arrival = Arrive();
       PSD_CHECK(Await(call, interrupt, arrival, root));
       if (k == 0) {
-        if (!Desc(root, index)->Alike(*Desc(rank_, index))) {
+        // The root's stamp shares cache lines with the data (its descriptor holds the same).
+        if (!reinterpret_cast<const Stamp*>(slot)->Alike(*Desc(rank_, index))) {
           // Rare: wait for every rank and reach the verdict the others reach.
           PSD_CHECK(Await(call, interrupt, arrival, -1));
           ++calls_;
@@ -933,7 +964,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
           __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
         }
       }
-      CopyOut(data + start, slot, len, stream);
+      CopyOut(data + start, slot + kStampBytes, len, stream);
     }
     if (k == 0) {
       first = arrival;
@@ -942,9 +973,10 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   }
   if (stream) StreamFence();
   stage_ += pieces;
-  // The next call starts once every peer has arrived for the last piece (Begin); a broadcast
-  // of one piece is checked there too, except by a receiver whose only peer is the root.
-  Defer(arrival, index, pieces == 1 && (rank_ == root || size_ > 2), a.call, root);
+  // The next call starts once every peer has arrived for the last piece (Begin), except a
+  // receiver's next broadcast from the same root; the root checks a broadcast of one piece
+  // there too.
+  Defer(arrival, index, pieces == 1 && rank_ == root, root);
   return Status::Ok();
 }
 
@@ -966,14 +998,12 @@ Status ShmCollectives::FailedStages(Status verdict, uint64_t index) {
   return verdict;
 }
 
-void ShmCollectives::Defer(uint32_t arrival, uint64_t index, bool verdict, const char* call,
-                            int root) {
+void ShmCollectives::Defer(uint32_t arrival, uint64_t index, bool verdict, int root) {
   pending_root_ = root;
   pending_ = true;
   pending_arrival_ = arrival;
   pending_call_ = index;
   pending_verdict_ = verdict;
-  pending_call_name_ = call;
 }
 
 }  // namespace poseidon

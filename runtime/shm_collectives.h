@@ -18,8 +18,9 @@
 // and the window stays usable; a rank with bad arguments is named first, even where its call's
 // name differs from its peers' (Backend::FailTogether joins any call). The check costs no
 // extra round: the descriptor rides on the Sync the collective needs anyway. Descriptors
-// alternate between two places by call, so a fast rank's next call never overwrites one that a
-// slow peer has yet to read.
+// rotate through three places by call, so a fast rank's next calls never overwrite one that a
+// slow peer has yet to read (three, not two: receivers of broadcasts from one root may run two
+// calls ahead of one another, see Broadcast).
 //
 // Synchronization: each Sync() bumps this rank's arrival counter and waits until every peer's
 // counter has reached the same value. A waiter spins for up to 5 us where every rank can have a
@@ -47,24 +48,31 @@
 //
 // Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the
 // usual parameter and object broadcasts, every small one). The root copies its buffer into its
-// slot, publishes its descriptor and its arrival, and returns; a receiver publishes its own,
-// waits for the root's arrival alone, compares the root's descriptor with its own and copies
-// the data out. So the root runs ahead of slow receivers, and receivers never wait for one
-// another (Open MPI's eager broadcast behaves alike). The full check still happens on every
-// rank: a receiver whose descriptor differs from the root's waits for every rank and fails
-// with the verdict Enter would give; every other rank compares every rank's descriptor of the
-// broadcast at the start of its next call (Begin, after waiting for every peer to have entered
-// the broadcast). Where that verdict is a failure, the rank fails that next call with it as its
-// own bad argument, so the next call fails on every rank, naming the broadcast's failure; the
-// root learns of a broadcast its peers refused one call late. Such a broadcast's stage stays
-// moved on every rank, failed or not (the ranks that matched the root may still be copying out
-// of its slot when the root's next call begins). A broadcast of several pieces is paced by its
-// root the same way, but every rank checks every descriptor before the second piece, so it
-// fails in the call itself. A ReduceScatter of one round returns the same way on the ranks
-// whose share is empty (most of them in a reduce-scatter of a few elements), its stage kept
-// moved alike. Waiting
-// at Begin also keeps the window's invariant: when a call starts, every peer has arrived for
-// the previous one's last step, as after a Sync.
+// slot, stamps the slot's head with its call's name and arguments (its descriptor's first
+// part), publishes its descriptor and its arrival, and returns; a receiver publishes its own,
+// waits for the root's arrival alone, compares the root's stamp with its own descriptor (the
+// stamp shares cache lines with the data it reads next) and copies the data out. So the root
+// runs ahead of slow receivers, and receivers never wait for one another (Open MPI's eager
+// broadcast behaves alike). The full check still happens: a receiver whose descriptor differs
+// from the root's waits for every rank and fails with the verdict Enter would give; each
+// receiver that matched says so on its arrival line, and the root, at the start of its next
+// call (Begin, after waiting for every peer to have entered the broadcast), reads every
+// descriptor where one did not. Where that verdict is a failure, the root fails that next call
+// with it as its own bad argument, so the next call fails on every rank, naming the
+// broadcast's failure; the root, and the receivers that matched it, learn of a broadcast their
+// peers refused one call late. Such a broadcast's stage stays moved on every rank, failed or
+// not (the ranks that matched the root may still be copying out of its slot when the root's
+// next call begins). A broadcast of several pieces is paced by its root the same way, but
+// every rank checks every descriptor before the second piece, so it fails in the call itself.
+// A ReduceScatter of one round returns the same way on the ranks whose share is empty (most of
+// them in a reduce-scatter of a few elements), its stage kept moved alike. Waiting at Begin
+// also keeps the window's invariant: when a call starts, every peer has arrived for the
+// previous one's last step, as after a Sync. One exception: a receiver whose next call is
+// another broadcast from the same root skips that wait (it waited for the root's last arrival
+// in the call, and checks no other receiver). The root's Begin still waits for every rank, so a
+// receiver is never more than two calls ahead of another: it cannot pass the root's arrival for
+// call c + 2 before every rank has arrived for call c + 1, which each rank does only after it
+// has finished reading the descriptors of call c.
 //
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
 // (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
@@ -109,7 +117,8 @@ class ShmCollectives {
   // Barrier on host memory, each checked across ranks as "Agreement" above says. args: the
   // descriptor to compare, with this rank's own validation in args->local (a rank whose local
   // status is not OK moves no data and fails with its own message, the others with
-  // "rank r passed an invalid argument: ..."); null: one built from the call's own arguments.
+  // "rank r passed an invalid argument: ...", see ArgsVerdict); null: one built from the call's
+  // own arguments.
   // AllReduce may run in place (send == recv). interrupt (may be null) is polled while waiting
   // for peers; see the top of this file.
   Status AllReduce(const void* send, void* recv, size_t count, DType dtype,
@@ -150,6 +159,7 @@ class ShmCollectives {
  private:
   ShmCollectives() = default;
 
+  struct Stamp;
   struct Descriptor;
   unsigned char* Slot(int rank, uint64_t stage) const;
   volatile uint64_t* Counter(int rank) const;
@@ -168,11 +178,12 @@ class ShmCollectives {
   Status Verdict(const CollectiveArgs& args, uint64_t call);
   // Every call's start: fails once the window is broken, and settles a call that returned
   // early (see "Broadcast" above); a failure found there goes out with this call's Enter.
-  Status Begin(const char* call, const Interrupt* interrupt);
+  // receive_from: this call is a broadcast that this rank receives from that root (else -1).
+  Status Begin(const char* call, const Interrupt* interrupt, int receive_from = -1);
   // Leaves call `index` (its last arrival `arrival`) for the next call's Begin to settle: wait
   // for every peer's arrival, and check its agreement if `verdict`. root: a broadcast's root,
   // whose receivers confirm (Confirmed); -1 for other calls.
-  void Defer(uint32_t arrival, uint64_t index, bool verdict, const char* call, int root);
+  void Defer(uint32_t arrival, uint64_t index, bool verdict, int root);
   // A verdict reached in call `index` itself, passed through: where it is a failure, moves the
   // stage that the ranks which returned early from that call moved, where any did (so every
   // rank keeps the same stage; see Broadcast).
@@ -229,14 +240,14 @@ class ShmCollectives {
   uint64_t calls_ = 0;                 // calls entered so far (same on every rank)
   size_t one_shot_bytes_ = 0;          // AllReduce of at most this many bytes: one Sync
   std::vector<ArgRecord> records_;     // every rank's descriptor of the current call
-  // A call that returned before every peer had entered it (BroadcastEager): its last arrival,
-  // its index, the stages it moved and its name, settled by the next call's Begin.
+  // A call that returned before every peer had entered it (a broadcast, see Broadcast): its
+  // last arrival and its index (its name is in this rank's descriptor), settled by the next
+  // call's Begin.
   bool pending_ = false;
   uint32_t pending_arrival_ = 0;
   uint64_t pending_call_ = 0;
   int pending_root_ = -1;
   bool pending_verdict_ = false;  // its agreement is still to be checked (else only its arrival)
-  std::string pending_call_name_;
   Status deferred_;  // the settled call failed on the peers: the next Enter tells them
   Status failure_;  // the Sync that timed out or was interrupted: peers in an unknown state
 };
