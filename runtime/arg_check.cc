@@ -91,15 +91,15 @@ Status ArgsVerdict(const CollectiveArgs& mine, const std::vector<ArgRecord>& all
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].bad == 0) continue;
     if (!mine.local.ok()) return mine.local;
-    // The bad rank's own code travels with it: a failure that rank carries from an earlier call
-    // (a broadcast its peers refused, say) reaches every rank as what it was.
-    const auto code = static_cast<StatusCode>(all[r].bad);
-    if (code == StatusCode::kInvalidArgument) {
+    // A mismatch that rank carries from an earlier call (a broadcast its peers refused, say)
+    // reaches every rank as one; any other bad status as an invalid argument (a peer's own
+    // kUnimplemented or kPeerLost would mean something else here: callers branch on those).
+    if (static_cast<StatusCode>(all[r].bad) != StatusCode::kMismatch) {
       return InvalidArgument(mine.call, ": rank ", r,
                              " passed an invalid argument: ", message_of(static_cast<int>(r)));
     }
-    return Status(code, StrCat(mine.call, ": rank ", r, " failed the call: ",
-                               message_of(static_cast<int>(r))));
+    return MismatchError(mine.call, ": rank ", r, " failed the call: ",
+                         message_of(static_cast<int>(r)));
   }
   if (all.empty()) return Status::Ok();
   if (Differs(all, &ArgRecord::count)) {

@@ -35,8 +35,8 @@ struct CollectiveArgs {
 
 // Returns OK on every rank, or an error on every rank: a rank whose own arguments are bad gets
 // its own message; the others get "rank r passed an invalid argument: <that message>" (or, for a
-// rank whose own status has another code, that code and "rank r failed the call: <message>"),
-// or the mismatch, naming the ranks and values that differ.
+// rank whose own status is a kMismatch, a kMismatch "rank r failed the call: <message>"), or the
+// mismatch, naming the ranks and values that differ.
 // With wait.interrupt set, every exchange is a non-blocking collective polled under it
 // (RunMpi): an interrupt returns its status ("<wait.call>: <message>"), abandons the exchange
 // and records it in wait.sticky. Every rank must pass an interrupt or none alike.
@@ -60,8 +60,8 @@ ArgRecord RecordOf(const CollectiveArgs& args);
 
 // The verdict every rank reaches alike from every rank's record (all[r] for rank r): OK when
 // the records agree and none is bad; else this rank's own error if its arguments are bad, else
-// "rank r passed an invalid argument: <message_of(r)>" for the first bad rank (with its code,
-// "rank r failed the call: ..." where that is not kInvalidArgument), else the first
+// "rank r passed an invalid argument: <message_of(r)>" for the first bad rank (a kMismatch
+// "rank r failed the call: ..." where its own status was a kMismatch), else the first
 // field that differs, naming the ranks and values. message_of(r) is called for bad ranks (it
 // returns rank r's error) and, when no rank is bad and the details differ, for every rank (it
 // returns rank r's detail).

@@ -126,9 +126,12 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 struct ShmCollectives::Stamp {
   ArgRecord record;
   char call[24];
+  // The call's index (calls_, the same on every rank): a stamp left in a slot by an earlier
+  // call never passes for this one's (a root that fails before its data moves writes none).
+  uint64_t index;
   // The same call with the same arguments (and the same "bad" flag).
   bool Alike(const Stamp& o) const {
-    return std::memcmp(&record, &o.record, sizeof(ArgRecord)) == 0 &&
+    return index == o.index && std::memcmp(&record, &o.record, sizeof(ArgRecord)) == 0 &&
            std::strncmp(call, o.call, sizeof(call)) == 0;
   }
 };
@@ -145,6 +148,9 @@ struct ShmCollectives::Descriptor : Stamp {
   // broadcast root of one piece, a reduce-scatter rank with nothing to receive; see
   // FailedStages). Not compared.
   int32_t early;
+  // 1 where this rank's bad status is a failure it carries from its previous call (Enter),
+  // not its own arguments' (see Begin). Not compared.
+  int32_t carried;
 };
 
 namespace {
@@ -484,7 +490,9 @@ CollectiveArgs CountedArgs(const char* call, const std::vector<size_t>& counts, 
 void ShmCollectives::Publish(const CollectiveArgs& args) {
   Descriptor* mine = Desc(rank_, calls_);
   mine->record = RecordOf(args);
+  mine->index = calls_;
   mine->early = 0;
+  mine->carried = 0;
   CopyString(mine->call, sizeof(mine->call), args.call);
   if (!args.local.ok()) {
     CopyString(mine->message, sizeof(mine->message), args.local.message().c_str());
@@ -510,6 +518,7 @@ Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interr
         deferred_.WithPrefix(StrCat(args.call, ": the previous collective on this communicator"));
     deferred_ = Status::Ok();
     Publish(failed);
+    Desc(rank_, calls_)->carried = 1;
     PSD_CHECK(Sync(args.call, interrupt));
     ++calls_;
     return FailedStages(Verdict(failed, call), call);
@@ -571,8 +580,9 @@ Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt, int r
   if (!pending_verdict_) return Status::Ok();
   if (pending_root_ >= 0) {
     // A broadcast: every receiver that found the root's descriptor equal to its own said so
-    // on its arrival line, which the wait above has just read. Where all did, every descriptor
-    // is the root's: the verdict is OK without reading them.
+    // on its arrival line (after its arrival: one that has not yet is read as not confirmed,
+    // which only takes the longer way below). Where all did, every descriptor is the root's:
+    // the verdict is OK without reading them.
     const uint64_t expected = Confirmation(pending_call_, pending_root_);
     bool all = true;
     for (int r = 0; r < size_ && all; ++r) {
@@ -587,6 +597,15 @@ Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt, int r
   CollectiveArgs mine;
   mine.call = name.c_str();
   Status verdict = Verdict(mine, pending_call_);
+  if (!verdict.ok() && OnlyCarriers(pending_call_)) {
+    // The ranks that refused the call were carrying an earlier call's failure into it; this
+    // rank, which returned early from it, failed that earlier call itself (else it would be
+    // carrying too), and every other rank failed this one. Carrying it on would fail one more
+    // call, and with roots that rotate, one more after that for ever.
+    PSD_LOG(kInfo, name, ": the peers refused this call, carrying the failure of the one "
+            "before; every rank has failed one of the two");
+    return Status::Ok();
+  }
   if (!verdict.ok()) {
     // The stage it moved stays moved: the peers that failed it moved one too (FailedStages).
     deferred_ = Status(verdict.code(), StrCat(" (", name,
@@ -974,10 +993,25 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (stream) StreamFence();
   stage_ += pieces;
   // The next call starts once every peer has arrived for the last piece (Begin), except a
-  // receiver's next broadcast from the same root; the root checks a broadcast of one piece
-  // there too.
-  Defer(arrival, index, pieces == 1 && rank_ == root, root);
+  // receiver's next broadcast from the same root; a broadcast of one piece is checked there
+  // too, except by a receiver whose only peer is the root.
+  Defer(arrival, index, pieces == 1 && (rank_ == root || size_ > 2), root);
   return Status::Ok();
+}
+
+bool ShmCollectives::OnlyCarriers(uint64_t index) const {
+  const Descriptor* own = Desc(rank_, index);
+  bool any = false;
+  for (int r = 0; r < size_; ++r) {
+    const Descriptor* d = Desc(r, index);
+    if (d->record.bad == 0) {
+      if (!d->Alike(*own)) return false;  // a failure of its own, besides
+      continue;
+    }
+    if (d->carried == 0) return false;
+    any = true;
+  }
+  return any;
 }
 
 Status ShmCollectives::FailedStages(Status verdict, uint64_t index) {

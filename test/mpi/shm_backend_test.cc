@@ -585,8 +585,15 @@ TEST_F(ShmAgreement, ReceiversThatMatchedTheRootGetItsDataWhereAnotherRankFails)
 // call; the root and the receivers that matched it return OK, and the next broadcast from the
 // same root (which those receivers start without waiting for the others) fails on every rank,
 // carried by the root. The one after moves the root's data again.
+// Three equal broadcasts first, so that the root's slots hold stamps equal to the next calls'
+// but for their index: a root that fails before moving data writes none, and a receiver must not
+// take an older one for it.
 TEST_F(ShmAgreement, ReceiverThatDisagreesInARowOfBroadcastsFromOneRoot) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> a(12, rank() == 0 ? 1.0f + i : -1.0f);
+    ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(a.data(), 12, DType::kFloat32, 0)));
+  }
   std::vector<float> b(12, rank() == 0 ? 5.0f : -1.0f);
   Status st = shm_->Broadcast(b.data(), odd() ? 11 : 12, DType::kFloat32, 0);
   EXPECT_TRUE(OnEveryRank(odd() ? st.code() == StatusCode::kMismatch : st.ok())) << st.ToString();
@@ -608,6 +615,49 @@ TEST_F(ShmAgreement, ReceiverThatDisagreesInARowOfBroadcastsFromOneRoot) {
   EXPECT_TRUE(AllEqual(12, [&](size_t i) { return static_cast<double>(c[i]); },
                        [](size_t) { return 9.0; }));
   ExpectUsable(50);
+}
+
+// A root alone fails before its data moves (count 0 where the receivers pass 12): the receivers
+// find no stamp of this call in its slot (only an equal older one) and fail with it, in the call.
+TEST_F(ShmAgreement, RootThatFailsAloneFailsItsReceiversInTheCall) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  for (int i = 0; i < 4; ++i) {
+    std::vector<float> a(12, rank() == 0 ? 2.0f + i : -1.0f);
+    ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(a.data(), 12, DType::kFloat32, 0)));
+  }
+  // Stage 4 reuses the slot of stage 1, whose stamp is the same call but for its index.
+  std::vector<float> b(12, -1.0f);
+  Status st = shm_->Broadcast(b.data(), rank() == 0 ? 0 : 12, DType::kFloat32, 0);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  EXPECT_NE(st.message().find("element count differs across ranks"), std::string::npos)
+      << st.message();
+  EXPECT_TRUE(OnEveryRank(rank() == 0 || b[0] == -1.0f)) << "a receiver took old data";
+  ExpectUsable(40);
+}
+
+// A refused broadcast, then broadcasts from rotating roots: the failure is carried into the next
+// call once (its root, the rank that refused the first one, returns early and OK; every other
+// rank fails it) and no further: the calls after it succeed everywhere, with the roots' data.
+TEST_F(ShmAgreement, FailureCarriedOnceWhenRootsRotate) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  const int last = size() - 1;
+  std::vector<float> b(12, rank() == 0 ? 5.0f : -1.0f);
+  Status st = shm_->Broadcast(b.data(), odd() ? 11 : 12, DType::kFloat32, 0);
+  EXPECT_TRUE(OnEveryRank(odd() ? st.code() == StatusCode::kMismatch : st.ok())) << st.ToString();
+  st = shm_->Broadcast(b.data(), 12, DType::kFloat32, last);
+  EXPECT_TRUE(OnEveryRank(odd() ? st.ok() : st.code() == StatusCode::kMismatch)) << st.ToString();
+  if (!odd()) {
+    EXPECT_NE(st.message().find("returned here before its peers found"), std::string::npos)
+        << st.message();
+  }
+  for (int i = 0; i < 2 * size(); ++i) {
+    const int root = i % size();
+    std::vector<float> c(12, rank() == root ? 10.0f + i : -1.0f);
+    EXPECT_TRUE(OkOnEveryRank(shm_->Broadcast(c.data(), 12, DType::kFloat32, root)))
+        << "broadcast " << i << " after the failure";
+    EXPECT_TRUE(OnEveryRank(c[11] == 10.0f + i)) << "broadcast " << i;
+  }
+  ExpectUsable(30);
 }
 
 TEST_F(ShmAgreement, ReduceScatterWithNothingToReceiveFailsTheNextCall) {
