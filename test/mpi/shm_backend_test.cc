@@ -406,6 +406,14 @@ class ShmAgreement : public ::testing::Test {
     EXPECT_FALSE(shm_->broken());
   }
   int usable_calls_ = 0;
+  // n successful broadcasts of 12 floats from rank 0 (values first, first + 1, ...): they leave
+  // stamps of the same call, but for its index, in the root's slots.
+  void EqualBroadcasts(int n, float first) {
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> a(12, rank() == 0 ? first + static_cast<float>(i) : -1.0f);
+      ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(a.data(), 12, DType::kFloat32, 0)));
+    }
+  }
   // After a call that some ranks returned from before checking the others (a small broadcast's
   // root and the ranks that agree with it; a reduce-scatter's ranks with nothing to receive)
   // and one rank failed: the next call fails on every rank, those that returned OK with the
@@ -590,10 +598,7 @@ TEST_F(ShmAgreement, ReceiversThatMatchedTheRootGetItsDataWhereAnotherRankFails)
 // take an older one for it.
 TEST_F(ShmAgreement, ReceiverThatDisagreesInARowOfBroadcastsFromOneRoot) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
-  for (int i = 0; i < 3; ++i) {
-    std::vector<float> a(12, rank() == 0 ? 1.0f + i : -1.0f);
-    ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(a.data(), 12, DType::kFloat32, 0)));
-  }
+  ASSERT_NO_FATAL_FAILURE(EqualBroadcasts(3, 1.0f));
   std::vector<float> b(12, rank() == 0 ? 5.0f : -1.0f);
   Status st = shm_->Broadcast(b.data(), odd() ? 11 : 12, DType::kFloat32, 0);
   EXPECT_TRUE(OnEveryRank(odd() ? st.code() == StatusCode::kMismatch : st.ok())) << st.ToString();
@@ -621,10 +626,7 @@ TEST_F(ShmAgreement, ReceiverThatDisagreesInARowOfBroadcastsFromOneRoot) {
 // find no stamp of this call in its slot (only an equal older one) and fail with it, in the call.
 TEST_F(ShmAgreement, RootThatFailsAloneFailsItsReceiversInTheCall) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
-  for (int i = 0; i < 4; ++i) {
-    std::vector<float> a(12, rank() == 0 ? 2.0f + i : -1.0f);
-    ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(a.data(), 12, DType::kFloat32, 0)));
-  }
+  ASSERT_NO_FATAL_FAILURE(EqualBroadcasts(4, 2.0f));
   // Stage 4 reuses the slot of stage 1, whose stamp is the same call but for its index.
   std::vector<float> b(12, -1.0f);
   Status st = shm_->Broadcast(b.data(), rank() == 0 ? 0 : 12, DType::kFloat32, 0);
