@@ -196,6 +196,8 @@ class ShmCollectives {
   // Every rank whose descriptor of call `index` is bad carries a failure from its previous call
   // (and at least one is bad), and every other rank's descriptor is this rank's.
   bool OnlyCarriers(uint64_t index) const;
+  // counts' prefix sums in offsets_ (size + 1 entries; valid until the next call).
+  const std::vector<size_t>& Offsets(const std::vector<size_t>& counts);
   // On a rank's arrival line: the last one-piece broadcast whose root's descriptor this rank
   // (a receiver) found equal to its own, as Confirmation(call index, root).
   uint64_t* Confirmed(int rank) const;
@@ -233,6 +235,7 @@ class ShmCollectives {
   int rank_ = 0;
   int size_ = 1;
   std::vector<const void*> srcs_;  // one source per rank, for the sums (no per-call allocation)
+  std::vector<size_t> offsets_;    // a counts vector's prefix sums (ReduceScatter, AllGatherV)
   size_t chunk_bytes_ = 0;
   size_t slot_bytes_ = 0;
   size_t single_copy_requested_ = 0;

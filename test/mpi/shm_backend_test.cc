@@ -602,7 +602,9 @@ TEST_F(ShmAgreement, ReceiverThatDisagreesInARowOfBroadcastsFromOneRoot) {
   std::vector<float> b(12, rank() == 0 ? 5.0f : -1.0f);
   Status st = shm_->Broadcast(b.data(), odd() ? 11 : 12, DType::kFloat32, 0);
   EXPECT_TRUE(OnEveryRank(odd() ? st.code() == StatusCode::kMismatch : st.ok())) << st.ToString();
-  if (!odd()) EXPECT_EQ(b[11], 5.0f);
+  if (!odd()) {
+    EXPECT_EQ(b[11], 5.0f);
+  }
   st = shm_->Broadcast(b.data(), 12, DType::kFloat32, 0);
   // The root fails with the verdict, the others with the root's failure passed on, its code
   // kept ("rank 0 failed the call: ...").
