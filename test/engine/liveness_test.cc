@@ -198,7 +198,9 @@ TEST(HeartbeatChannelTest, ChannelsDroppedWhileBeatsArriveAndAnotherThreadDrives
     const int beats = 1 + (round * 7 + me * 3) % 5;
     for (int b = 1; b <= beats; ++b) {
       for (int p = 0; p < n; ++p) {
-        if (p != me) ASSERT_TRUE(ch->Send(p, static_cast<uint64_t>(b), b == beats).ok());
+        if (p != me) {
+          ASSERT_TRUE(ch->Send(p, static_cast<uint64_t>(b), b == beats).ok());
+        }
       }
       ASSERT_TRUE(ch->Poll(&arrived).ok());
       if ((round + me + b) % 3 == 0) std::this_thread::yield();
