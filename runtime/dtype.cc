@@ -5,18 +5,6 @@
 
 namespace poseidon {
 
-size_t DTypeSize(DType d) {
-  switch (d) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-  }
-  return 0;
-}
-
 std::string DTypeName(DType d) {
   switch (d) {
     case DType::kFloat32: return "float32";
@@ -42,11 +30,9 @@ Result<DType> ParseDType(const std::string& name) {
                          "'; expected one of float32, float64, float16, bfloat16, int32, int64");
 }
 
-Status CheckDType(const char* call, DType d) {
-  PSD_REQUIRE_ARG(IsValidDType(d), call, ": unknown dtype ", static_cast<int>(d),
-                  "; expected 0..", kNumDTypes - 1,
-                  " (float32, float64, float16, bfloat16, int32, int64)");
-  return Status::Ok();
+Status DTypeError(const char* call, DType d) {
+  return InvalidArgument(call, ": unknown dtype ", static_cast<int>(d), "; expected 0..",
+                         kNumDTypes - 1, " (float32, float64, float16, bfloat16, int32, int64)");
 }
 
 const char* MemoryKindName(MemoryKind m) {

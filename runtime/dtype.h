@@ -28,13 +28,27 @@ inline bool IsFloatDType(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || IsHalfDType(d);
 }
 // Size of one element in bytes; 0 for an invalid dtype.
-size_t DTypeSize(DType d);
+inline size_t DTypeSize(DType d) {
+  switch (d) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    case DType::kFloat16: return 2;
+    case DType::kBFloat16: return 2;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+  }
+  return 0;
+}
 // "float32", "float64", "float16", "bfloat16", "int32", "int64"; "invalid(<n>)" otherwise.
 std::string DTypeName(DType d);
 // Accepts the names above and the aliases f32, fp32, f64, fp16, half, bf16.
 Result<DType> ParseDType(const std::string& name);
-// Error for an out-of-range dtype, naming the call and the valid values.
-Status CheckDType(const char* call, DType d);
+// Error for an out-of-range dtype, naming the call and the valid values (inline: every
+// collective call runs it).
+Status DTypeError(const char* call, DType d);
+inline Status CheckDType(const char* call, DType d) {
+  return IsValidDType(d) ? Status::Ok() : DTypeError(call, d);
+}
 
 enum class MemoryKind : int { kHost = 0, kDevice = 1 };
 const char* MemoryKindName(MemoryKind m);

@@ -92,6 +92,8 @@ Status MpiBackend::MeetBeforeBlocking(const MpiWait& how) {
   });
 }
 
+PSD_CHECKED_BACKEND_DIRECT_CALLS(MpiBackend)
+
 Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
   const Knobs& k = knobs();
   if (k.shm_threshold <= 0 || shm_multi_node_) return static_cast<ShmCollectives*>(nullptr);
@@ -110,23 +112,20 @@ Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
                &shm_, &shm_multi_node_);
 }
 
-const MpiBackend::Knobs& MpiBackend::knobs() {
-  const uint64_t v = Settings::Global().version();
-  if (knobs_.version != v) {
-    knobs_.version = v;
-    knobs_.shm_threshold = settings::ShmThresholdBytes();
-    knobs_.shm_chunk = settings::ShmChunkBytes();
-    // Single-copy allgathers only where every rank has a core: with more ranks than cores they
-    // were no faster than the window (runtime/shm_collectives.cc). The whole communicator is
-    // on this node whenever the window exists, so every rank decides alike. (Counting the
-    // cores reads a file: here, not per call.)
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const long long single = settings::ShmSingleCopyBytes();
-    knobs_.shm_single_copy = single <= 0 || (cores > 0 && size_ > cores) ? 0 : single;
-    knobs_.shm_timeout_s = settings::ShmTimeoutS();
-    knobs_.check_args = settings::CheckArgs();
-    knobs_.hier_bytes = settings::HierAllReduceBytes();
-  }
+const MpiBackend::Knobs& MpiBackend::ReadKnobs() {
+  knobs_.version = Settings::Global().version();
+  knobs_.shm_threshold = settings::ShmThresholdBytes();
+  knobs_.shm_chunk = settings::ShmChunkBytes();
+  // Single-copy allgathers only where every rank has a core: with more ranks than cores they
+  // were no faster than the window (runtime/shm_collectives.cc). The whole communicator is
+  // on this node whenever the window exists, so every rank decides alike. (Counting the
+  // cores reads a file: here, not per call.)
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const long long single = settings::ShmSingleCopyBytes();
+  knobs_.shm_single_copy = single <= 0 || (cores > 0 && size_ > cores) ? 0 : single;
+  knobs_.shm_timeout_s = settings::ShmTimeoutS();
+  knobs_.check_args = settings::CheckArgs();
+  knobs_.hier_bytes = settings::HierAllReduceBytes();
   return knobs_;
 }
 

@@ -26,14 +26,17 @@
 
 #include "runtime/checked_backend.h"
 #include "runtime/mpi_wait.h"
+#include "runtime/settings.h"
 
 namespace poseidon {
 
 class HierAllReduce;
 class ShmCollectives;
 
-class MpiBackend : public CheckedBackend {
+class MpiBackend final : public CheckedBackend {
  public:
+  // The five blocking collectives, their checks and hooks called directly (checked_backend.h).
+  PSD_CHECKED_BACKEND_DIRECT
   // Uses comm as given (the Communicator passes its private duplicate). Does not free it.
   explicit MpiBackend(MPI_Comm comm);
   ~MpiBackend() override;
@@ -149,7 +152,10 @@ class MpiBackend : public CheckedBackend {
     bool check_args = true;
     long long hier_bytes = 0;
   };
-  const Knobs& knobs();
+  const Knobs& knobs() {
+    return knobs_.version == Settings::Global().version() ? knobs_ : ReadKnobs();
+  }
+  const Knobs& ReadKnobs();
 
   MPI_Comm comm_;
   Knobs knobs_;

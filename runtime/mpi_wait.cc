@@ -99,8 +99,7 @@ size_t ReapAbandonedMpi() {
   return ReapLocked();
 }
 
-Status StickyError::Check(const char* call) const {
-  if (!failed()) return Status::Ok();
+Status StickyError::Failed(const char* call) const {
   std::lock_guard<std::mutex> lock(mu_);
   return AbortedError(call, ": unusable since an earlier call gave up waiting for its peers (",
                       first_.ToString(),

@@ -52,12 +52,13 @@ size_t ReapAbandonedMpi();
 class StickyError {
  public:
   // OK while nothing is recorded; else kAborted: "<call>: <why later calls fail> (<first>)".
-  Status Check(const char* call) const;
+  Status Check(const char* call) const { return failed() ? Failed(call) : Status::Ok(); }
   // Records `failure` unless an earlier one is recorded.
   void Record(const Status& failure);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
 
  private:
+  Status Failed(const char* call) const;
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;  // guards first_
   Status first_;
