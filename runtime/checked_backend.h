@@ -5,7 +5,8 @@
 // ones are written as templates over the backend's type (Checked*, below): CheckedBackend's
 // own overrides run them with the hooks dispatched virtually; a final backend may override
 // the five itself with nothing but a call to the template for its own type (MpiBackend does),
-// which makes every check and the hook a direct call.
+// which makes every check and the hook a direct call. Every backend is final, so that none
+// can override a collective and skip its checks by mistake.
 //
 // Blocking calls: the hook (DoAllReduce, ...) must run the cross-rank agreement on `args`
 // before it moves any data, through Agreed() or an equivalent folded into its data path (the

@@ -79,7 +79,7 @@
 
 namespace poseidon {
 
-class NcclBackend : public CheckedBackend {
+class NcclBackend final : public CheckedBackend {
  public:
   // Collective over comm (which must outlive the backend). timeout_s bounds every wait on
   // NCCL (see above): < 0 takes POSEIDON_PEER_TIMEOUT_S, 0 disables; the same on every rank.

@@ -44,7 +44,7 @@
 
 namespace poseidon {
 
-class StagedBackend : public CheckedBackend {
+class StagedBackend final : public CheckedBackend {
  public:
   // host must outlive this backend. timeout_s bounds the host's waits for the device (the
   // copies to pinned memory): < 0 takes POSEIDON_PEER_TIMEOUT_S, 0 disables. Fails with
