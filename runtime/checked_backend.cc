@@ -7,11 +7,6 @@ Status CheckedBackend::CheckElements(const char* call, size_t elements) const {
   return Status::Ok();
 }
 
-Status CheckedBackend::Usable(const char* call) {
-  (void)call;
-  return Status::Ok();
-}
-
 Status CheckedBackend::WrongMemory(const Backend& b, const char* call, const CallOptions& opts) {
   return InvalidArgument(call, ": the ", b.name(), " backend was given ",
                          MemoryKindName(opts.memory), " memory; expected ",

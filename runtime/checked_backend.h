@@ -130,7 +130,10 @@ class CheckedBackend : public Backend {
   // Whether the backend can still run a call. An error joins this rank's local outcome, so the
   // peers fail with it too. Default: always usable. (A backend whose transport is itself
   // broken, where even the agreement cannot run, refuses inside its hooks instead.)
-  virtual Status Usable(const char* call);
+  virtual Status Usable(const char* call) {
+    (void)call;
+    return Status::Ok();
+  }
   // The cross-rank agreement on a blocking call's arguments and on every rank's local outcome
   // (args.local). Collective: every rank of the call runs it alike. OK on every rank, or an
   // error on every rank (runtime/arg_check.h, ArgsVerdict). Honours POSEIDON_CHECK_ARGS (off:

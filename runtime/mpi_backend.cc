@@ -101,6 +101,7 @@ Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
   const size_t single = static_cast<size_t>(k.shm_single_copy);
   if (shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk &&
       shm_->single_copy_requested() == single) {
+    window_version_ = k.version;
     return shm_.get();
   }
   // Freeing and creating the window (MPI_Win_free, MPI_Comm_split_type,
@@ -158,13 +159,18 @@ Result<bool> MpiBackend::HasHierarchy() {
 template <typename Run>
 std::optional<Status> MpiBackend::Checked(const CollectiveArgs& args, const MpiWait& how,
                                           bool agreed, size_t bytes, Run run) {
-  Result<ShmCollectives*> node = Node(how);
-  if (!node.ok()) return node.status();
-  ShmCollectives* shm = *node;
+  // The common case first: the window exists and the settings have not moved since Node last
+  // vouched for it (knobs_ is then current too), without Node's checks and Result.
+  ShmCollectives* shm = shm_.get();
+  if (shm == nullptr || window_version_ != Settings::Global().version()) {
+    Result<ShmCollectives*> node = Node(how);
+    if (!node.ok()) return node.status();
+    shm = *node;
+  }
   Status checked;
   if (shm == nullptr) {
-    checked = knobs().check_args && !agreed ? AgreeOnArgs(comm_, args, how) : args.local;
-  } else if (!args.local.ok() || ShmCarries(bytes)) {
+    checked = knobs_.check_args && !agreed ? AgreeOnArgs(comm_, args, how) : args.local;
+  } else if (!args.local.ok() || bytes >= static_cast<size_t>(knobs_.shm_threshold)) {
     return ShmResult(*shm, run(*shm));
   } else {
     checked = ShmResult(*shm, shm->Agree(args, how.interrupt));
@@ -172,8 +178,6 @@ std::optional<Status> MpiBackend::Checked(const CollectiveArgs& args, const MpiW
   if (!checked.ok()) return checked;
   return std::nullopt;
 }
-
-bool MpiBackend::SupportsMemory(MemoryKind memory) const { return memory == MemoryKind::kHost; }
 
 Status MpiBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt) {
   const MpiWait how{interrupt, args.call, sticky_.get()};
@@ -185,7 +189,7 @@ Status MpiBackend::Agree(const CollectiveArgs& args, const Interrupt* interrupt)
   return done ? *done : Status::Ok();
 }
 
-Status MpiBackend::ShmResult(const ShmCollectives& shm, Status status) {
+Status MpiBackend::ShmFailure(const ShmCollectives& shm, Status status) {
   return RecordIfBroken(std::move(status), shm.broken());
 }
 
@@ -198,18 +202,14 @@ Status MpiBackend::RecordIfBroken(Status status, bool broken) {
   return failed;
 }
 
-Status MpiBackend::CheckBuffer(const char* call, const char* which, const void* p,
-                               size_t count, size_t bytes) const {
-  (void)bytes;
-  PSD_REQUIRE_ARG(p != nullptr || count == 0, call, ": ", which, " buffer is null with count ",
-                  count, "; expected a valid pointer when count > 0");
-  return Status::Ok();
+Status MpiBackend::NullBuffer(const char* call, const char* which, size_t count) {
+  return InvalidArgument(call, ": ", which, " buffer is null with count ", count,
+                         "; expected a valid pointer when count > 0");
 }
 
-Status MpiBackend::CheckElements(const char* call, size_t elements) const {
-  PSD_REQUIRE_ARG(elements <= static_cast<size_t>(INT_MAX), call, ": count ", elements,
-                  " exceeds the MPI limit of 2^31-1 elements per call");
-  return Status::Ok();
+Status MpiBackend::TooMany(const char* call, size_t elements) {
+  return InvalidArgument(call, ": count ", elements,
+                         " exceeds the MPI limit of 2^31-1 elements per call");
 }
 
 Status MpiBackend::AllReduceUnchecked(const void* send, void* recv, size_t count, DType dtype,

@@ -20,8 +20,10 @@
 
 #include <mpi.h>
 
+#include <climits>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "runtime/checked_backend.h"
@@ -42,7 +44,7 @@ class MpiBackend final : public CheckedBackend {
   ~MpiBackend() override;
 
   std::string name() const override { return "mpi"; }
-  bool SupportsMemory(MemoryKind memory) const override;
+  bool SupportsMemory(MemoryKind memory) const override { return memory == MemoryKind::kHost; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -72,10 +74,17 @@ class MpiBackend final : public CheckedBackend {
   Status Agree(const CollectiveArgs& args, const Interrupt* interrupt) override;
 
  protected:
+  // Inline OK paths, out-of-line messages: every call runs both checks.
   Status CheckBuffer(const char* call, const char* which, const void* p, size_t count,
-                     size_t bytes) const override;
+                     size_t bytes) const override {
+    return p != nullptr || count == 0 ? Status::Ok() : NullBuffer(call, which, count);
+  }
   // MPI counts are int: at most 2^31 - 1 elements per call.
-  Status CheckElements(const char* call, size_t elements) const override;
+  Status CheckElements(const char* call, size_t elements) const override {
+    return elements <= static_cast<size_t>(INT_MAX) ? Status::Ok() : TooMany(call, elements);
+  }
+  static Status NullBuffer(const char* call, const char* which, size_t count);
+  static Status TooMany(const char* call, size_t elements);
   // Each first refuses at once when an earlier call gave up (the communicator is then dead:
   // even the agreement cannot run), then agrees through Checked.
   PSD_CHECKED_BACKEND_HOOKS
@@ -100,7 +109,10 @@ class MpiBackend final : public CheckedBackend {
                                     const MpiWait& how, std::shared_ptr<void> keep_buf);
   // The result of a shared-memory call: a failure that left the window unusable (its peers are
   // in an unknown state) also makes this backend unusable.
-  Status ShmResult(const ShmCollectives& shm, Status status);
+  Status ShmResult(const ShmCollectives& shm, Status status) {
+    return status.ok() ? std::move(status) : ShmFailure(shm, std::move(status));
+  }
+  Status ShmFailure(const ShmCollectives& shm, Status status);
   // A failed call's status; when `broken` (the failure left peers mid-collective), prefixed
   // "MpiBackend::" and recorded as this backend's sticky error.
   Status RecordIfBroken(Status status, bool broken);
@@ -165,6 +177,8 @@ class MpiBackend final : public CheckedBackend {
   int size_ = 1;
   std::unique_ptr<ShmCollectives> shm_;
   bool shm_multi_node_ = false;  // learned collectively at the first large call
+  // The settings' version at which Node last found shm_ matching them (see Checked).
+  uint64_t window_version_ = ~uint64_t{0};
   std::unique_ptr<HierAllReduce> hier_;
   bool hier_unavailable_ = false;  // learned collectively at the first call that could use it
   long long hier_bytes_override_ = -1;  // SetHierAllReduceBytes; -1: the setting

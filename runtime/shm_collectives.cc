@@ -359,8 +359,7 @@ ShmCollectives::Descriptor* ShmCollectives::Desc(int rank, uint64_t call) const 
                                        (call % kDescPlaces) * kDescBytes);
 }
 
-Status ShmCollectives::CheckUsable(const char* call) const {
-  if (failure_.ok()) return Status::Ok();
+Status ShmCollectives::Unusable(const char* call) const {
   return AbortedError(call, ": an earlier shared-memory collective on this communicator failed (",
                       failure_.ToString(),
                       "), so the node peers are in an unknown state; recreate the communicator");
@@ -939,8 +938,11 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (local.ok() && (root < 0 || root >= size_)) {
     local = InvalidArgument(call, ": root ", root, " is outside 0..", size_ - 1);
   }
-  const CollectiveArgs own{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0,
-                           local};
+  CollectiveArgs own;  // the caller's description, when it gave none (no Status copy otherwise)
+  if (args == nullptr) {
+    own = CollectiveArgs{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root, 0,
+                         local};
+  }
   const CollectiveArgs& a = args != nullptr ? *args : own;
   PSD_CHECK(Begin(call, interrupt, local.ok() && root != rank_ ? root : -1));
   // A failure carried from this rank's previous call fails this one on every rank (Enter).

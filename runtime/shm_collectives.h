@@ -202,7 +202,10 @@ class ShmCollectives {
   // (a receiver) found equal to its own, as Confirmation(call index, root).
   uint64_t* Confirmed(int rank) const;
   static uint64_t Confirmation(uint64_t call, int root);
-  Status CheckUsable(const char* call) const;
+  Status CheckUsable(const char* call) const {
+    return failure_.ok() ? Status::Ok() : Unusable(call);
+  }
+  Status Unusable(const char* call) const;
 
   // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's
   // read succeeds.
