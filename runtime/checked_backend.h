@@ -211,6 +211,12 @@ class CheckedBackend : public Backend {
     return CollectiveArgs{call, static_cast<int64_t>(count), static_cast<int64_t>(dtype), root,
                           layout_hash, std::move(local), opts.detail};
   }
+  // A call with a counts vector: their sum, and their hash as the layout.
+  static CollectiveArgs DescribeCounted(const char* call, const std::vector<size_t>& counts,
+                                        DType dtype, Status local, const CallOptions& opts) {
+    return Describe(call, SumCounts(counts), dtype, -1, HashCounts(counts), std::move(local),
+                    opts);
+  }
 };
 
 template <class B>
@@ -260,9 +266,8 @@ Status CheckedBackend::CheckedReduceScatter(B& b, const void* send, void* recv,
                                             const CallOptions& opts) {
   const char* call = "ReduceScatter";
   Status local = CheckCounted(b, call, send, recv, counts, dtype, opts, /*send_all=*/true);
-  return b.DoReduceScatter(
-      send, recv, counts, dtype, opts,
-      Describe(call, SumCounts(counts), dtype, -1, HashCounts(counts), std::move(local), opts));
+  return b.DoReduceScatter(send, recv, counts, dtype, opts,
+                           DescribeCounted(call, counts, dtype, std::move(local), opts));
 }
 
 template <class B>
@@ -285,9 +290,8 @@ Status CheckedBackend::CheckedAllGatherV(B& b, const void* send, void* recv,
                                          const CallOptions& opts) {
   const char* call = "AllGatherV";
   Status local = CheckCounted(b, call, send, recv, counts, dtype, opts, /*send_all=*/false);
-  return b.DoAllGatherV(
-      send, recv, counts, dtype, opts,
-      Describe(call, SumCounts(counts), dtype, -1, HashCounts(counts), std::move(local), opts));
+  return b.DoAllGatherV(send, recv, counts, dtype, opts,
+                        DescribeCounted(call, counts, dtype, std::move(local), opts));
 }
 
 template <class B>

@@ -170,7 +170,7 @@ std::optional<Status> MpiBackend::Checked(const CollectiveArgs& args, const MpiW
   Status checked;
   if (shm == nullptr) {
     checked = knobs_.check_args && !agreed ? AgreeOnArgs(comm_, args, how) : args.local;
-  } else if (!args.local.ok() || bytes >= static_cast<size_t>(knobs_.shm_threshold)) {
+  } else if (!args.local.ok() || ShmCarries(bytes)) {
     return ShmResult(*shm, run(*shm));
   } else {
     checked = ShmResult(*shm, shm->Agree(args, how.interrupt));

@@ -26,9 +26,16 @@ inline std::vector<size_t> ShardCounts(size_t n, int world) {
   return c;
 }
 
+// counts' prefix sums, counts.size() + 1 of them, into *off (reusing its storage: no
+// allocation once it has the capacity).
+inline void PrefixOffsets(const std::vector<size_t>& counts, std::vector<size_t>* off) {
+  off->resize(counts.size() + 1);
+  (*off)[0] = 0;
+  for (size_t i = 0; i < counts.size(); ++i) (*off)[i + 1] = (*off)[i] + counts[i];
+}
 inline std::vector<size_t> PrefixOffsets(const std::vector<size_t>& counts) {
-  std::vector<size_t> off(counts.size() + 1, 0);
-  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  std::vector<size_t> off;
+  PrefixOffsets(counts, &off);
   return off;
 }
 

@@ -196,8 +196,6 @@ class ShmCollectives {
   // Every rank whose descriptor of call `index` is bad carries a failure from its previous call
   // (and at least one is bad), and every other rank's descriptor is this rank's.
   bool OnlyCarriers(uint64_t index) const;
-  // counts' prefix sums in offsets_ (size + 1 entries; valid until the next call).
-  const std::vector<size_t>& Offsets(const std::vector<size_t>& counts);
   // On a rank's arrival line: the last one-piece broadcast whose root's descriptor this rank
   // (a receiver) found equal to its own, as Confirmation(call index, root).
   uint64_t* Confirmed(int rank) const;
