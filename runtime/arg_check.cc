@@ -37,17 +37,6 @@ size_t SumCounts(const std::vector<size_t>& counts) {
   return total;
 }
 
-ArgRecord RecordOf(const CollectiveArgs& args) {
-  ArgRecord r;
-  r.count = args.count;
-  r.dtype = args.dtype;
-  r.root = args.root;
-  r.layout_hash = static_cast<int64_t>(args.layout_hash);
-  r.detail_hash = static_cast<int64_t>(HashDetail(args.detail));
-  r.bad = static_cast<int64_t>(args.local.code());
-  return r;
-}
-
 namespace {
 constexpr int kFields = 6;  // ArgRecord's fields, in order
 constexpr int kDetailField = 4;  // detail_hash's place among them

@@ -56,7 +56,18 @@ struct ArgRecord {
   int64_t detail_hash = 0;  // HashDetail(args.detail)
   int64_t bad = 0;  // 0, or the StatusCode of this rank's own failed checks (args.local)
 };
-ArgRecord RecordOf(const CollectiveArgs& args);
+// Inline: every call records its own (the detail is hashed only where there is one).
+inline ArgRecord RecordOf(const CollectiveArgs& args) {
+  ArgRecord r;
+  r.count = args.count;
+  r.dtype = args.dtype;
+  r.root = args.root;
+  r.layout_hash = static_cast<int64_t>(args.layout_hash);
+  const bool detail = args.detail != nullptr && args.detail[0] != '\0';
+  r.detail_hash = detail ? static_cast<int64_t>(HashDetail(args.detail)) : 0;
+  r.bad = static_cast<int64_t>(args.local.code());
+  return r;
+}
 
 // The verdict every rank reaches alike from every rank's record (all[r] for rank r): OK when
 // the records agree and none is bad; else this rank's own error if its arguments are bad, else

@@ -28,16 +28,10 @@ inline bool IsFloatDType(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || IsHalfDType(d);
 }
 // Size of one element in bytes; 0 for an invalid dtype.
+// A table, not a switch: every call asks, several times.
 inline size_t DTypeSize(DType d) {
-  switch (d) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-  }
-  return 0;
+  static constexpr unsigned char kSizes[kNumDTypes] = {4, 8, 2, 2, 4, 8};  // in DType's order
+  return IsValidDType(d) ? kSizes[static_cast<int>(d)] : 0;
 }
 // "float32", "float64", "float16", "bfloat16", "int32", "int64"; "invalid(<n>)" otherwise.
 std::string DTypeName(DType d);

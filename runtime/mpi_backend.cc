@@ -325,7 +325,7 @@ Status MpiBackend::DoAllReduce(const void* send, void* recv, size_t count, DType
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.AllReduce(send, recv, count, dtype, opts.interrupt, &args);
       })) {
-    return *done;
+    return std::move(*done);
   }
   PSD_ASSIGN_OR_RETURN(HierAllReduce* hier, Hierarchy(bytes, dtype, how));
   if (hier != nullptr) {
@@ -373,7 +373,7 @@ Status MpiBackend::DoReduceScatter(const void* send, void* recv,
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.ReduceScatter(send, recv, counts, dtype, opts.interrupt, &args);
       })) {
-    return *done;
+    return std::move(*done);
   }
   return ReduceScatterUnchecked(send, recv, counts, dtype, how);
 }
@@ -386,7 +386,7 @@ Status MpiBackend::DoAllGather(const void* send, void* recv, size_t count, DType
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.AllGather(send, recv, count, dtype, opts.interrupt, &args);
       })) {
-    return *done;
+    return std::move(*done);
   }
   if (count == 0) return Status::Ok();
   const int n = static_cast<int>(count);
@@ -406,7 +406,7 @@ Status MpiBackend::DoAllGatherV(const void* send, void* recv, const std::vector<
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.AllGatherV(send, recv, counts, dtype, opts.interrupt, &args);
       })) {
-    return *done;
+    return std::move(*done);
   }
   if (total == 0) return Status::Ok();
   auto scratch = std::make_shared<Scratch>();
@@ -431,7 +431,7 @@ Status MpiBackend::DoBroadcast(void* buf, size_t count, DType dtype, int root,
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.Broadcast(buf, count, dtype, root, opts.interrupt, &args);
       })) {
-    return *done;
+    return std::move(*done);
   }
   if (count == 0) return Status::Ok();
   const int n = static_cast<int>(count);

@@ -69,6 +69,7 @@
 #include "runtime/shm_collectives.h"
 
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -135,10 +136,12 @@ struct ShmCollectives::Stamp {
   // The call's index (calls_, the same on every rank): a stamp left in a slot by an earlier
   // call never passes for this one's (a root that fails before its data moves writes none).
   uint64_t index;
-  // The same call with the same arguments (and the same "bad" flag).
+  // The same call with the same arguments (and the same "bad" flag): the same bytes, since
+  // Publish pads the name with zeros and the fields leave no padding between them.
   bool Alike(const Stamp& o) const {
-    return index == o.index && std::memcmp(&record, &o.record, sizeof(ArgRecord)) == 0 &&
-           std::strncmp(call, o.call, sizeof(call)) == 0;
+    static_assert(sizeof(Stamp) == sizeof(ArgRecord) + sizeof(call) + sizeof(index),
+                  "Stamp::Alike compares bytes: no padding allowed");
+    return std::memcmp(this, &o, sizeof(Stamp)) == 0;
   }
 };
 
@@ -163,7 +166,10 @@ namespace {
 // The control area: the counter line, then kDescPlaces descriptors; slots start 64-byte
 // aligned.
 constexpr size_t kDescBytes = 384;  // one descriptor's place
-constexpr uint64_t kDescPlaces = 3;  // call c's descriptor lives in place c % 3 (see the header)
+// Call c's descriptor lives in place c % 4: three are needed (see the header), a fourth makes
+// the place a mask of the index instead of a division.
+constexpr uint64_t kDescPlaces = 4;
+static_assert((kDescPlaces & (kDescPlaces - 1)) == 0, "a power of two");
 constexpr size_t kControlBytes = (kLineBytes + kDescPlaces * kDescBytes + 63) / 64 * 64;
 // A broadcast piece's data starts this far into its slot, after the root's Stamp (piece 0's
 // only; the others leave it unused). Data at 80 bytes (a small broadcast's stamp and data in
@@ -190,6 +196,21 @@ inline void FutexWait(uint32_t* word, uint32_t expected, long timeout_ns) {
 }
 inline void FutexWakeAll(uint32_t* word) {
   syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+// The barrier a sleeper runs for light arrivals (see ShmCollectives::Arrive): a full memory
+// barrier on every core that runs a thread of a registered process (membarrier(2), Linux 4.16
+// and later). Registration is per process and permanent; it fails where the kernel or a
+// seccomp filter refuses the call.
+inline bool RegisterForWaiterBarrier() {
+  static const bool registered = [] {
+    long supported = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    if (supported < 0 || !(supported & MEMBARRIER_CMD_GLOBAL_EXPEDITED)) return false;
+    return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+  }();
+  return registered;
+}
+inline bool WaiterBarrier() {
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) == 0;
 }
 // The rank has left for good: set after its last arrival, so an arrival it has not reached
 // when this reads true will never come.
@@ -221,11 +242,15 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
 
   // Agree on the chunk size and the single-copy threshold before anyone allocates
   // (runtime/or_agreement.h).
-  uint64_t agreed[4];
+  // The same round says whether every rank can take part in light arrivals (see Arrive): a
+  // waiter's barrier reaches only the processes that registered for it.
+  uint64_t agreed[5];
   or_agreement::PutValue(agreed, chunk_bytes);
   or_agreement::PutValue(agreed + 2, single_copy_bytes);
-  PSD_CHECK(or_agreement::OrAllReduce(s->local_, agreed, 4,
+  agreed[4] = RegisterForWaiterBarrier() ? 0 : 1;
+  PSD_CHECK(or_agreement::OrAllReduce(s->local_, agreed, 5,
                                       MpiWait{nullptr, "ShmCollectives::Create"}, nullptr));
+  s->light_arrivals_ = agreed[4] == 0 && size > 1;
   for (int i = 0; i < 2; ++i) {
     if (or_agreement::AllSame(agreed + 2 * i)) continue;
     // Rare: gather every rank's value to name them.
@@ -362,7 +387,7 @@ uint64_t ShmCollectives::Confirmation(uint64_t call, int root) {
 ShmCollectives::Descriptor* ShmCollectives::Desc(int rank, uint64_t call) const {
   static_assert(sizeof(Descriptor) <= kDescBytes, "descriptor larger than its place");
   return reinterpret_cast<Descriptor*>(bases_[static_cast<size_t>(rank)] + kLineBytes +
-                                       (call % kDescPlaces) * kDescBytes);
+                                       (call & (kDescPlaces - 1)) * kDescBytes);
 }
 
 Status ShmCollectives::Unusable(const char* call) const {
@@ -378,11 +403,37 @@ uint32_t ShmCollectives::Arrive() {
   if (spin_s_ > 0) {
     __atomic_store_n(mine + 2, static_cast<uint32_t>(sched_getcpu()), __ATOMIC_RELAXED);
   }
-  __atomic_store_n(mine, target, __ATOMIC_SEQ_CST);
-  // Wake peers that went to sleep waiting for this arrival (seq_cst store, then load of the
-  // sleeper count, pairs with the sleeper's increment-then-recheck: one side sees the other).
-  if (__atomic_load_n(mine + 1, __ATOMIC_SEQ_CST) != 0) FutexWakeAll(mine);
+  // Then wake the peers that went to sleep waiting for this arrival. The store of the arrival
+  // and the load of the sleeper count must not pass each other, against the sleeper's
+  // increment-then-recheck, or each side could miss the other. A light arrival orders them
+  // for the compiler only: the store is a plain one, which the core does not wait for (a
+  // seq_cst store waits until every peer's copy of the line is gone: a root that broadcasts
+  // returns that much later). The sleeper makes up for it with a barrier on every core that
+  // runs a rank (WaiterBarrier) between its increment and its recheck: a store still pending
+  // when its load ran has landed by then, and a load that runs after the barrier sees the
+  // increment.
+  if (light_arrivals_) {
+    __atomic_store_n(mine, target, __ATOMIC_RELEASE);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(mine + 1, __ATOMIC_RELAXED) != 0) FutexWakeAll(mine);
+  } else {
+    __atomic_store_n(mine, target, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(mine + 1, __ATOMIC_SEQ_CST) != 0) FutexWakeAll(mine);
+  }
   return target;
+}
+
+bool ShmCollectives::Arrived(int peer, uint32_t target) const {
+  return !separate_model_ && Reached(__atomic_load_n(Word(Counter(peer)), __ATOMIC_ACQUIRE), target);
+}
+
+bool ShmCollectives::AllArrived(uint32_t target) const {
+  if (separate_model_) return false;
+  bool all = true;
+  for (int r = 0; r < size_; ++r) {
+    all &= r == rank_ || Reached(__atomic_load_n(Word(Counter(r)), __ATOMIC_ACQUIRE), target);
+  }
+  return all;
 }
 
 Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
@@ -439,8 +490,12 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
       // Sleep in the kernel until the peer's arrival changes its word, or 50 ms pass to check
       // the timeout (10 ms under an interrupt, which must be seen soon after it fires).
       __atomic_fetch_add(word + 1, 1u, __ATOMIC_SEQ_CST);
+      long sleep_ns = interrupt ? 10000000L : 50000000L;
+      // A light arrival needs the barrier (see Arrive); where it fails, a missed wake-up
+      // costs at most a short sleep.
+      if (light_arrivals_ && !WaiterBarrier()) sleep_ns = 1000000L;
       seen = __atomic_load_n(word, __ATOMIC_SEQ_CST);
-      if (!Reached(seen, target)) FutexWait(word, seen, interrupt ? 10000000L : 50000000L);
+      if (!Reached(seen, target)) FutexWait(word, seen, sleep_ns);
       __atomic_fetch_sub(word + 1, 1u, __ATOMIC_SEQ_CST);
       seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
       if (Reached(seen, target)) break;
@@ -476,6 +531,13 @@ void CopyString(char* dst, size_t cap, const char* src) {
   std::memcpy(dst, src, n);
   dst[n] = '\0';
 }
+// A call's name into its place, the rest of the place zeros (Stamp::Alike compares bytes).
+template <size_t N>
+void CopyName(char (&dst)[N], const char* src) {
+  char padded[N] = {};
+  std::memcpy(padded, src, std::min(N - 1, std::strlen(src)));
+  std::memcpy(dst, padded, N);
+}
 std::string ReadString(const char* src, size_t cap) { return std::string(src, strnlen(src, cap)); }
 
 // This rank's own checks of a call with a counts vector, and its descriptor when the caller
@@ -498,7 +560,7 @@ void ShmCollectives::Publish(const CollectiveArgs& args) {
   mine->index = calls_;
   mine->early = 0;
   mine->carried = 0;
-  CopyString(mine->call, sizeof(mine->call), args.call);
+  CopyName(mine->call, args.call);
   if (!args.local.ok()) {
     CopyString(mine->message, sizeof(mine->message), args.local.message().c_str());
   } else if (mine->record.detail_hash != 0) {
@@ -565,22 +627,11 @@ Status ShmCollectives::Verdict(const CollectiveArgs& args, uint64_t call) {
   });
 }
 
-Status ShmCollectives::Begin(const char* call, const Interrupt* interrupt, int receive_from) {
-  PSD_CHECK(CheckUsable(call));
-  if (!pending_) return Status::Ok();
-  if (receive_from >= 0 && receive_from == pending_root_ && receive_from != rank_) {
-    // A receiver's broadcast after one it received from the same root: it waited for that
-    // root's last arrival in the call, and a receiver checks no other receiver (the root does,
-    // and tells every rank in its next call, this one). The root waited for every rank before
-    // its arrival for this call, which bounds how far a receiver can run ahead of the others:
-    // see "Broadcast" in the header.
-    pending_ = false;
-    return Status::Ok();
-  }
+Status ShmCollectives::Settle(const char* call, const Interrupt* interrupt) {
   // The previous call returned before its peers had checked it (see Broadcast): wait until
   // every peer has entered it, then reach the verdict they reached. Until then no peer can
   // have moved past it, so its descriptors are still in place.
-  PSD_CHECK(Await(call, interrupt, pending_arrival_, -1));
+  if (!AllArrived(pending_arrival_)) PSD_CHECK(Await(call, interrupt, pending_arrival_, -1));
   pending_ = false;
   if (!pending_verdict_) return Status::Ok();
   if (pending_root_ >= 0) {
@@ -980,7 +1031,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
     } else {
       if (k == 0) Publish(a);
       arrival = Arrive();
-      PSD_CHECK(Await(call, interrupt, arrival, root));
+      if (!Arrived(root, arrival)) PSD_CHECK(Await(call, interrupt, arrival, root));
       if (k == 0) {
         // The root's stamp shares cache lines with the data (its descriptor holds the same).
         if (!reinterpret_cast<const Stamp*>(slot)->Alike(*Desc(rank_, index))) {
@@ -993,7 +1044,11 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
           __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
         }
       }
-      CopyOut(data + start, slot + kStampBytes, len, stream);
+      if (stream) {
+        CopyOut(data + start, slot + kStampBytes, len, stream);
+      } else {
+        std::memcpy(data + start, slot + kStampBytes, len);
+      }
     }
     if (k == 0) {
       first = arrival;

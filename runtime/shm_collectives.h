@@ -18,9 +18,9 @@
 // and the window stays usable; a rank with bad arguments is named first, even where its call's
 // name differs from its peers' (Backend::FailTogether joins any call). The check costs no
 // extra round: the descriptor rides on the Sync the collective needs anyway. Descriptors
-// rotate through three places by call, so a fast rank's next calls never overwrite one that a
-// slow peer has yet to read (three, not two: receivers of broadcasts from one root may run two
-// calls ahead of one another, see Broadcast).
+// rotate through four places by call, so a fast rank's next calls never overwrite one that a
+// slow peer has yet to read (three would do, not two: receivers of broadcasts from one root
+// may run two calls ahead of one another, see Broadcast; the fourth makes the place a mask).
 //
 // Synchronization: each Sync() bumps this rank's arrival counter and waits until every peer's
 // counter has reached the same value. A waiter spins for up to 5 us where every rank can have a
@@ -175,6 +175,10 @@ class ShmCollectives {
   // (only < 0) or peer `only` has reached arrival `target`.
   uint32_t Arrive();
   Status Await(const char* call, const Interrupt* interrupt, uint32_t target, int only);
+  // Whether peer has reached arrival target already (Await's answer without its set-up).
+  bool Arrived(int peer, uint32_t target) const;
+  // Whether every peer has (loads only, no branch per peer: the loads overlap).
+  bool AllArrived(uint32_t target) const;
   // A call's first step: publish args, Sync, compare every rank's descriptor (see the top).
   Status Enter(const CollectiveArgs& args, const Interrupt* interrupt);
   // Enter's halves: write this rank's descriptor of the next call; the verdict every rank
@@ -184,7 +188,23 @@ class ShmCollectives {
   // Every call's start: fails once the window is broken, and settles a call that returned
   // early (see "Broadcast" above); a failure found there goes out with this call's Enter.
   // receive_from: this call is a broadcast that this rank receives from that root (else -1).
-  Status Begin(const char* call, const Interrupt* interrupt, int receive_from = -1);
+  Status Begin(const char* call, const Interrupt* interrupt, int receive_from = -1) {
+    if (!failure_.ok()) return Unusable(call);
+    if (!pending_) return Status::Ok();
+    if (receive_from >= 0 && receive_from == pending_root_ && receive_from != rank_) {
+      // A receiver's broadcast after one it received from the same root: it waited for that
+      // root's last arrival in the call, and a receiver checks no other receiver (the root
+      // does, and tells every rank in its next call, this one). The root waited for every rank
+      // before its arrival for this call, which bounds how far a receiver can run ahead of the
+      // others: see "Broadcast" above.
+      pending_ = false;
+      return Status::Ok();
+    }
+    return Settle(call, interrupt);
+  }
+  // Begin's other case: waits for every peer's last arrival in the pending call, and settles
+  // its verdict where it is still to be checked.
+  Status Settle(const char* call, const Interrupt* interrupt);
   // Leaves call `index` (its last arrival `arrival`) for the next call's Begin to settle: wait
   // for every peer's arrival, and check its agreement if `verdict`. root: a broadcast's root,
   // whose receivers confirm (Confirmed); -1 for other calls.
@@ -246,6 +266,7 @@ class ShmCollectives {
   double timeout_s_ = 0;
   double spin_s_ = 0;  // seconds of plain spinning first (0 when ranks outnumber cores)
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep
+  bool light_arrivals_ = false;  // plain arrival stores; sleepers run a barrier (see Arrive)
   std::vector<unsigned char*> bases_;  // every rank's segment, mapped here
   uint64_t arrivals_ = 0;              // Sync() calls made so far (same on every rank)
   uint64_t stage_ = 0;                 // pipeline rounds run so far (same on every rank)

@@ -376,6 +376,35 @@ TEST(ShmBroadcast, ReceiversOfOneRootRunAheadOfEachOther) {
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
+// Waiters that go to sleep: one rank, a different one each time, is late by 2 ms (past the
+// 200 us of yield-polling), so its peers sleep on its arrival word and its arrival (a plain
+// store where the kernel offers the waiters' barrier, see ShmCollectives::Arrive) must wake
+// them. Allreduces and broadcasts from the late rank, every element checked.
+TEST(ShmSleepers, LateRankWakesItsSleepingPeers) {
+  auto made = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  const int p = World()->size(), me = World()->rank();
+  size_t wrong = 0, failed = 0;
+  std::string first_failure;
+  auto note = [&](const Status& st) {
+    if (!st.ok() && failed++ == 0) first_failure = st.ToString();
+  };
+  for (int i = 0; i < 24; ++i) {
+    const int late = i % p;
+    if (me == late) usleep(2000);
+    std::vector<float> x(3, static_cast<float>(me + i)), y(3, -1.0f);
+    note(shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32));
+    for (float v : y) wrong += v != static_cast<float>(p * (p - 1) / 2 + p * i);
+    if (me == late) usleep(2000);
+    std::vector<float> b(5, me == late ? static_cast<float>(i) : -1.0f);
+    note(shm->Broadcast(b.data(), b.size(), DType::kFloat32, late));
+    for (float v : b) wrong += v != static_cast<float>(i);
+  }
+  EXPECT_TRUE(OnEveryRank(failed == 0)) << failed << " calls failed; the first: " << first_failure;
+  EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
+}
+
 // ---- The agreement carried in the window (ShmCollectives "Agreement"). ----
 // Every case: one rank (the last) disagrees; every rank fails the same way at once (a small
 // broadcast: its root and the ranks that agree with it at their next call), and the window
