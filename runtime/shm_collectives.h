@@ -27,7 +27,11 @@
 // core and the awaited peer last arrived on another core than the waiter's (each arrival
 // records its core), then polls with sched_yield for up to 200 us (a runnable peer gets the
 // core at once), then sleeps on the peer's counter with a futex that the peer wakes when it
-// arrives, so 8 ranks on 2 cores never burn for long the cores their peers need.
+// arrives, so 8 ranks on 2 cores never burn for long the cores their peers need. An arrival
+// is a plain store where every rank's kernel offers membarrier(2)'s global barrier (agreed at
+// Create): the rank does not wait for its store to reach its peers (a broadcast root returns
+// that much sooner), and a waiter about to sleep runs that barrier between announcing itself
+// and its last look at the counter, so that the arrival and the sleeper still see each other.
 // A wait longer than POSEIDON_SHM_TIMEOUT_S fails the call with kTimeout and marks the window
 // unusable. A peer that frees its window (its communicator destroyed) while a rank waits for an
 // arrival it never made fails that wait at once, with kAborted naming it: the destructor sets a
