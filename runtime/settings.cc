@@ -75,11 +75,6 @@ Result<double> ParseDouble(const std::string& name, const std::string& text) {
   return InvalidArgument("setting ", name, "='", text, "' is not a number");
 }
 
-Settings& Settings::Global() {
-  static Settings* s = new Settings();  // never destroyed: usable from atexit and other threads
-  return *s;
-}
-
 // The Scope column of settings.def; a token other than these two does not compile.
 #define PSD_SETTING_AGREED_Agreed true
 #define PSD_SETTING_AGREED_PerRank false

@@ -37,7 +37,11 @@ struct SettingValue {
 
 class Settings {
  public:
-  static Settings& Global();
+  // Inline: every collective call asks for the version.
+  static Settings& Global() {
+    static Settings* s = new Settings();  // never destroyed: usable from atexit and other threads
+    return *s;
+  }
 
   const std::vector<SettingInfo>& All() const { return infos_; }
   // Current value and where it came from, for every setting, in declaration order.
