@@ -424,7 +424,8 @@ uint32_t ShmCollectives::Arrive() {
 }
 
 bool ShmCollectives::Arrived(int peer, uint32_t target) const {
-  return !separate_model_ && Reached(__atomic_load_n(Word(Counter(peer)), __ATOMIC_ACQUIRE), target);
+  if (separate_model_) return false;
+  return Reached(__atomic_load_n(Word(Counter(peer)), __ATOMIC_ACQUIRE), target);
 }
 
 bool ShmCollectives::AllArrived(uint32_t target) const {
