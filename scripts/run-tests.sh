@@ -58,6 +58,10 @@ if [[ "${POSEIDON_ASAN:-1}" != "0" && $# -eq 0 ]]; then
   # leaks with one of their frames in the stack, and the full unwinder (fast_unwind_on_malloc=0)
   # finds those frames past Open MPI's components, which are unloaded by then. Any other leak,
   # memory error or undefined behaviour (fatal: -fno-sanitize-recover) fails the test.
+  # use_tls=0: GCC 12's leak checker crashes reading the threads' dynamic TLS ("Tracer caught
+  # signal 11") in some binaries at np 3, depending only on their layout (adding one test suite
+  # that does not even run turned shm_collectives_test's pass into that crash). Without TLS as
+  # roots the checker can only report more, never less: all 79 tests pass with it.
   # Left out here: the runs at np 4 and more (the same code with more ranks; the main run has
   # them; np 4 alone adds 1.5 minutes, CI then took 18 of its 20 minutes on 2 cores),
   # c_api_install (its pkg-config consumer does not link the ASan runtime, which must load
@@ -65,7 +69,7 @@ if [[ "${POSEIDON_ASAN:-1}" != "0" && $# -eq 0 ]]; then
   # LD_PRELOAD) and CUDA (off; the main build compiles it and its tests need a GPU).
   (cd "$asan" &&
     ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
-    LSAN_OPTIONS="suppressions=$root/test/sanitizers/lsan.supp:print_suppressions=0" \
+    LSAN_OPTIONS="suppressions=$root/test/sanitizers/lsan.supp:print_suppressions=0:use_tls=0" \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --output-on-failure --timeout 600 -E '_np([4-9]|[1-9][0-9]+)$|^c_api_install$')
 fi
