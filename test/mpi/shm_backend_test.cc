@@ -296,22 +296,33 @@ TEST(ShmCopyOut, StreamingCopiesEveryByteAtAnyAlignment) {
   }
 }
 
+// The window the broadcast and sleeper tests below use (8 KiB slots), and the calls of theirs
+// that failed: how many, and the first one's status (they go on after a failure, to count wrong
+// elements too).
+void SmallWindow(std::unique_ptr<ShmCollectives>* shm) {
+  auto made = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  *shm = std::move(made).value();
+}
+struct Failures {
+  size_t count = 0;
+  std::string first;
+  void Note(const Status& st) {
+    if (!st.ok() && count++ == 0) first = st.ToString();
+  }
+};
+
 // Small broadcasts return on their root without waiting for the receivers (ShmCollectives,
 // "Broadcast"): a long sequence of them from rotating roots, of one slot and of several, with
 // allreduces and barriers between them and a receiver that is often late, so that roots run
 // ahead; every rank checks every element it received. The object is destroyed right after a
 // small broadcast (its destructor settles it).
 TEST(ShmBroadcast, RootsRunAheadOfLateReceivers) {
-  auto made = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  std::unique_ptr<ShmCollectives> shm;
+  ASSERT_NO_FATAL_FAILURE(SmallWindow(&shm));
   const int p = World()->size(), me = World()->rank();
-  size_t wrong = 0, failed = 0;
-  std::string first_failure;
-  auto note = [&](const Status& st) {
-    if (st.ok()) return;
-    if (failed++ == 0) first_failure = st.ToString();
-  };
+  size_t wrong = 0;
+  Failures failed;
   for (int i = 0; i < 300; ++i) {
     const int root = i % p;
     // Mostly one slot (8 KiB: 2048 floats) or less; every fifth call several rounds.
@@ -322,18 +333,19 @@ TEST(ShmBroadcast, RootsRunAheadOfLateReceivers) {
     } else if (me == (i / 3) % p && i % 2 == 0) {
       usleep(200);  // a late receiver: the root goes on without it
     }
-    note(shm->Broadcast(b.data(), n, DType::kFloat32, root));
+    failed.Note(shm->Broadcast(b.data(), n, DType::kFloat32, root));
     for (size_t j = 0; j < n; ++j) {
       wrong += b[j] != static_cast<float>(root * 1000 + i + j % 13);
     }
     if (i % 7 == 3) {
       std::vector<float> x(5, static_cast<float>(me + 1)), y(5);
-      note(shm->AllReduce(x.data(), y.data(), 5, DType::kFloat32));
+      failed.Note(shm->AllReduce(x.data(), y.data(), 5, DType::kFloat32));
       for (float v : y) wrong += v != static_cast<float>(p * (p + 1) / 2);
     }
-    if (i % 11 == 5) note(shm->Agree({"Barrier", 0, 0, -1, 0, Status::Ok()}));
+    if (i % 11 == 5) failed.Note(shm->Agree({"Barrier", 0, 0, -1, 0, Status::Ok()}));
   }
-  EXPECT_TRUE(OnEveryRank(failed == 0)) << failed << " calls failed; the first: " << first_failure;
+  EXPECT_TRUE(OnEveryRank(failed.count == 0))
+      << failed.count << " calls failed; the first: " << failed.first;
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
   std::vector<float> last(3, me == 1 % p ? 7.0f : 0.0f);
   ASSERT_TRUE(OkOnEveryRank(shm->Broadcast(last.data(), 3, DType::kFloat32, 1 % p)));
@@ -347,12 +359,11 @@ TEST(ShmBroadcast, RootsRunAheadOfLateReceivers) {
 // receiver that moves, and every tenth broadcast of several pieces; every rank checks every
 // element, and the descriptors a late rank still reads must not be overwritten under it.
 TEST(ShmBroadcast, ReceiversOfOneRootRunAheadOfEachOther) {
-  auto made = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  std::unique_ptr<ShmCollectives> shm;
+  ASSERT_NO_FATAL_FAILURE(SmallWindow(&shm));
   const int p = World()->size(), me = World()->rank(), root = p - 1;
-  size_t wrong = 0, failed = 0;
-  std::string first_failure;
+  size_t wrong = 0;
+  Failures failed;
   for (int i = 0; i < 600; ++i) {
     const size_t n = i % 10 == 9 ? 2048 * 2 + 5 : 1 + static_cast<size_t>(i * 53) % 1500;
     auto want = [&](size_t j) { return static_cast<float>(i * 7 + static_cast<int>(j % 29)); };
@@ -363,16 +374,17 @@ TEST(ShmBroadcast, ReceiversOfOneRootRunAheadOfEachOther) {
       usleep(100);  // this receiver falls behind the others
     }
     Status st = shm->Broadcast(b.data(), n, DType::kFloat32, root);
-    if (!st.ok() && failed++ == 0) first_failure = st.ToString();
+    failed.Note(st);
     for (size_t j = 0; j < n; ++j) wrong += b[j] != want(j);
     if (i % 97 == 96) {
       std::vector<float> x(3, 1.0f), y(3);
       st = shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32);
-      if (!st.ok() && failed++ == 0) first_failure = st.ToString();
+      failed.Note(st);
       for (float v : y) wrong += v != static_cast<float>(p);
     }
   }
-  EXPECT_TRUE(OnEveryRank(failed == 0)) << failed << " calls failed; the first: " << first_failure;
+  EXPECT_TRUE(OnEveryRank(failed.count == 0))
+      << failed.count << " calls failed; the first: " << failed.first;
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
@@ -381,27 +393,24 @@ TEST(ShmBroadcast, ReceiversOfOneRootRunAheadOfEachOther) {
 // store where the kernel offers the waiters' barrier, see ShmCollectives::Arrive) must wake
 // them. Allreduces and broadcasts from the late rank, every element checked.
 TEST(ShmSleepers, LateRankWakesItsSleepingPeers) {
-  auto made = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  std::unique_ptr<ShmCollectives> shm;
+  ASSERT_NO_FATAL_FAILURE(SmallWindow(&shm));
   const int p = World()->size(), me = World()->rank();
-  size_t wrong = 0, failed = 0;
-  std::string first_failure;
-  auto note = [&](const Status& st) {
-    if (!st.ok() && failed++ == 0) first_failure = st.ToString();
-  };
+  size_t wrong = 0;
+  Failures failed;
   for (int i = 0; i < 24; ++i) {
     const int late = i % p;
     if (me == late) usleep(2000);
     std::vector<float> x(3, static_cast<float>(me + i)), y(3, -1.0f);
-    note(shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32));
+    failed.Note(shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32));
     for (float v : y) wrong += v != static_cast<float>(p * (p - 1) / 2 + p * i);
     if (me == late) usleep(2000);
     std::vector<float> b(5, me == late ? static_cast<float>(i) : -1.0f);
-    note(shm->Broadcast(b.data(), b.size(), DType::kFloat32, late));
+    failed.Note(shm->Broadcast(b.data(), b.size(), DType::kFloat32, late));
     for (float v : b) wrong += v != static_cast<float>(i);
   }
-  EXPECT_TRUE(OnEveryRank(failed == 0)) << failed << " calls failed; the first: " << first_failure;
+  EXPECT_TRUE(OnEveryRank(failed.count == 0))
+      << failed.count << " calls failed; the first: " << failed.first;
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
