@@ -114,7 +114,7 @@ Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
 }
 
 const MpiBackend::Knobs& MpiBackend::ReadKnobs() {
-  knobs_.version = Settings::Global().version();
+  knobs_.version = Settings::version();
   knobs_.shm_threshold = settings::ShmThresholdBytes();
   knobs_.shm_chunk = settings::ShmChunkBytes();
   // Single-copy allgathers only where every rank has a core: with more ranks than cores they
@@ -160,9 +160,10 @@ template <typename Run>
 std::optional<Status> MpiBackend::Checked(const CollectiveArgs& args, const MpiWait& how,
                                           bool agreed, size_t bytes, Run run) {
   // The common case first: the window exists and the settings have not moved since Node last
-  // vouched for it (knobs_ is then current too), without Node's checks and Result.
+  // vouched for it, without Node's checks and Result. Either way knobs_ is current below (Node
+  // read it at this version), so it is read without knobs()'s recheck.
   ShmCollectives* shm = shm_.get();
-  if (shm == nullptr || window_version_ != Settings::Global().version()) {
+  if (shm == nullptr || window_version_ != Settings::version()) {
     Result<ShmCollectives*> node = Node(how);
     if (!node.ok()) return node.status();
     shm = *node;
@@ -170,7 +171,7 @@ std::optional<Status> MpiBackend::Checked(const CollectiveArgs& args, const MpiW
   Status checked;
   if (shm == nullptr) {
     checked = knobs_.check_args && !agreed ? AgreeOnArgs(comm_, args, how) : args.local;
-  } else if (!args.local.ok() || ShmCarries(bytes)) {
+  } else if (!args.local.ok() || bytes >= static_cast<size_t>(knobs_.shm_threshold)) {
     return ShmResult(*shm, run(*shm));
   } else {
     checked = ShmResult(*shm, shm->Agree(args, how.interrupt));

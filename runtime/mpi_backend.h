@@ -165,7 +165,7 @@ class MpiBackend final : public CheckedBackend {
     long long hier_bytes = 0;
   };
   const Knobs& knobs() {
-    return knobs_.version == Settings::Global().version() ? knobs_ : ReadKnobs();
+    return knobs_.version == Settings::version() ? knobs_ : ReadKnobs();
   }
   const Knobs& ReadKnobs();
 

@@ -54,8 +54,10 @@ class Settings {
   // Checks every environment value parses; the communicator calls it at creation.
   Status Validate() const;
   // Changes with every Set and Reset: hot paths keep the values they read and re-read them only
-  // when this moves (the environment is read when they first look, and after a Reset).
-  uint64_t version() const { return version_.load(std::memory_order_acquire); }
+  // when this moves (the environment is read when they first look, and after a Reset). Static,
+  // without Global(): every collective call asks for it, and Global()'s guarded local static
+  // costs more than the load.
+  static uint64_t version() { return version_.load(std::memory_order_acquire); }
 
   Result<bool> GetBool(const std::string& name) const;
   Result<long long> GetInt(const std::string& name) const;
@@ -72,7 +74,7 @@ class Settings {
   std::vector<SettingInfo> infos_;
   mutable std::mutex mu_;
   std::map<std::string, std::string> overrides_;  // guarded by mu_
-  std::atomic<uint64_t> version_{0};
+  static inline std::atomic<uint64_t> version_{0};  // constant-initialized: no order issue
 };
 
 namespace settings {
