@@ -54,10 +54,10 @@ namespace poseidon {
 
 // Declares, inside a final class derived from CheckedBackend, the five blocking collectives as
 // direct calls of the Checked* templates for that class (define them with
-// PSD_CHECKED_BACKEND_DIRECT_CALLS(Class) in its .cc file, or the first four with
-// PSD_CHECKED_BACKEND_DIRECT_CALLS_BUT_BROADCAST(Class) where the class writes Broadcast itself:
-// a path for the common case in front of CheckedBroadcast, taken only where every check
-// CheckedBroadcast makes would pass).
+// PSD_CHECKED_BACKEND_DIRECT_CALLS(Class) in its .cc file; or only the two with a counts vector,
+// with PSD_CHECKED_BACKEND_DIRECT_COUNTED_CALLS(Class), where the class writes AllReduce,
+// AllGather and Broadcast itself: a path for the common case in front of the Checked* template,
+// taken only where every check the template makes would pass).
 #define PSD_CHECKED_BACKEND_DIRECT                                                             \
   Status AllReduce(const void* send, void* recv, size_t count, DType dtype,                    \
                    const CallOptions& opts = {}) override;                                     \
@@ -72,24 +72,24 @@ namespace poseidon {
   friend class CheckedBackend;
 
 #define PSD_CHECKED_BACKEND_DIRECT_CALLS(Class)                                                \
-  PSD_CHECKED_BACKEND_DIRECT_CALLS_BUT_BROADCAST(Class)                                        \
+  PSD_CHECKED_BACKEND_DIRECT_COUNTED_CALLS(Class)                                              \
+  Status Class::AllReduce(const void* send, void* recv, size_t count, DType dtype,             \
+                          const CallOptions& opts) {                                           \
+    return CheckedAllReduce(*this, send, recv, count, dtype, opts);                            \
+  }                                                                                            \
+  Status Class::AllGather(const void* send, void* recv, size_t count, DType dtype,             \
+                          const CallOptions& opts) {                                           \
+    return CheckedAllGather(*this, send, recv, count, dtype, opts);                            \
+  }                                                                                            \
   Status Class::Broadcast(void* buf, size_t count, DType dtype, int root,                      \
                           const CallOptions& opts) {                                           \
     return CheckedBroadcast(*this, buf, count, dtype, root, opts);                             \
   }
 
-#define PSD_CHECKED_BACKEND_DIRECT_CALLS_BUT_BROADCAST(Class)                                  \
-  Status Class::AllReduce(const void* send, void* recv, size_t count, DType dtype,             \
-                          const CallOptions& opts) {                                           \
-    return CheckedAllReduce(*this, send, recv, count, dtype, opts);                            \
-  }                                                                                            \
+#define PSD_CHECKED_BACKEND_DIRECT_COUNTED_CALLS(Class)                                        \
   Status Class::ReduceScatter(const void* send, void* recv, const std::vector<size_t>& counts, \
                               DType dtype, const CallOptions& opts) {                          \
     return CheckedReduceScatter(*this, send, recv, counts, dtype, opts);                       \
-  }                                                                                            \
-  Status Class::AllGather(const void* send, void* recv, size_t count, DType dtype,             \
-                          const CallOptions& opts) {                                           \
-    return CheckedAllGather(*this, send, recv, count, dtype, opts);                            \
   }                                                                                            \
   Status Class::AllGatherV(const void* send, void* recv, const std::vector<size_t>& counts,    \
                            DType dtype, const CallOptions& opts) {                             \

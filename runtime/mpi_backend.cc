@@ -92,24 +92,55 @@ Status MpiBackend::MeetBeforeBlocking(const MpiWait& how) {
   });
 }
 
-PSD_CHECKED_BACKEND_DIRECT_CALLS_BUT_BROADCAST(MpiBackend)
+// AllReduce, AllGather and Broadcast send the common small call straight to the window: one
+// through it is a few hundred instructions, and the checked path's layers (Checked*, the Do*
+// hook, Checked) added about a third to it, which showed against Open MPI's linear broadcast
+// at 4-256 B. The straight path is taken only where every check the checked path makes passes
+// (the predicates below restate them: dtype, memory, MPI's element limit, the buffers, the
+// root), no earlier call gave up, the window exists at the current settings and carries the
+// size (Direct); the window checks the call against the peers' in its first step, as on the
+// checked path. Anything else takes the checked path, which builds the errors.
+PSD_CHECKED_BACKEND_DIRECT_COUNTED_CALLS(MpiBackend)
+
+ShmCollectives* MpiBackend::Direct(size_t bytes, DType dtype, const CallOptions& opts) const {
+  // knobs_ is current where the window's version is (see Checked).
+  ShmCollectives* shm = shm_.get();
+  const bool direct = shm != nullptr && window_version_ == Settings::version() &&
+                      IsValidDType(dtype) && opts.memory == MemoryKind::kHost &&
+                      !sticky_->failed() && bytes >= static_cast<size_t>(knobs_.shm_threshold);
+  return direct ? shm : nullptr;
+}
+
+Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                             const CallOptions& opts) {
+  ShmCollectives* shm = Direct(count * DTypeSize(dtype), dtype, opts);
+  if (shm != nullptr && count <= static_cast<size_t>(INT_MAX) &&
+      ((send != nullptr && recv != nullptr) || count == 0)) {
+    const CollectiveArgs args{"AllReduce", static_cast<int64_t>(count),
+                              static_cast<int64_t>(dtype), -1, 0, Status::Ok(), opts.detail};
+    return ShmResult(*shm, shm->AllReduce(send, recv, count, dtype, opts.interrupt, &args));
+  }
+  return CheckedAllReduce(*this, send, recv, count, dtype, opts);
+}
+
+Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType dtype,
+                             const CallOptions& opts) {
+  const size_t all = count * static_cast<size_t>(size_);
+  ShmCollectives* shm = Direct(all * DTypeSize(dtype), dtype, opts);
+  if (shm != nullptr && all <= static_cast<size_t>(INT_MAX) &&
+      ((send != nullptr && recv != nullptr) || count == 0)) {
+    const CollectiveArgs args{"AllGather", static_cast<int64_t>(count),
+                              static_cast<int64_t>(dtype), -1, 0, Status::Ok(), opts.detail};
+    return ShmResult(*shm, shm->AllGather(send, recv, count, dtype, opts.interrupt, &args));
+  }
+  return CheckedAllGather(*this, send, recv, count, dtype, opts);
+}
 
 Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
                              const CallOptions& opts) {
-  // The common case straight to the window: a small broadcast through it is a few hundred
-  // instructions, and the checked path's layers (CheckedBroadcast, DoBroadcast, Checked) added
-  // about a third to it, which showed against Open MPI's linear broadcast at 4-256 B. Taken
-  // only where every check CheckedBroadcast makes passes (dtype, memory, root, MPI's element
-  // limit, the buffer), no earlier call gave up, the window exists at the current settings
-  // (knobs_ is then current: see Checked) and carries this size; the window checks the call
-  // against the peers' in its first step, as on the checked path. Anything else takes that
-  // path, which builds the errors.
-  ShmCollectives* shm = shm_.get();
-  const size_t bytes = count * DTypeSize(dtype);
-  if (shm != nullptr && window_version_ == Settings::version() && IsValidDType(dtype) &&
-      opts.memory == MemoryKind::kHost && root >= 0 && root < size_ &&
-      count <= static_cast<size_t>(INT_MAX) && (buf != nullptr || count == 0) &&
-      !sticky_->failed() && bytes >= static_cast<size_t>(knobs_.shm_threshold)) {
+  ShmCollectives* shm = Direct(count * DTypeSize(dtype), dtype, opts);
+  if (shm != nullptr && root >= 0 && root < size_ && count <= static_cast<size_t>(INT_MAX) &&
+      (buf != nullptr || count == 0)) {
     const CollectiveArgs args{"Broadcast", static_cast<int64_t>(count),
                               static_cast<int64_t>(dtype), root, 0, Status::Ok(), opts.detail};
     return ShmResult(*shm, shm->Broadcast(buf, count, dtype, root, opts.interrupt, &args));

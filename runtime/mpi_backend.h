@@ -90,6 +90,9 @@ class MpiBackend final : public CheckedBackend {
   PSD_CHECKED_BACKEND_HOOKS
 
  private:
+  // The window, where a call moving `bytes` of `dtype` in memory `opts.memory` can go straight
+  // to it (see AllReduce in the .cc file); else nullptr.
+  ShmCollectives* Direct(size_t bytes, DType dtype, const CallOptions& opts) const;
   // How the call named `call` ("MpiBackend::AllReduce") waits, given its options.
   MpiWait WaitFor(const char* call, const CallOptions& opts) const {
     return MpiWait{opts.interrupt, call, sticky_.get()};

@@ -6,7 +6,9 @@
 // (test/mpi/rank_checks.h), so a failure on one rank never leaves the others in a collective.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -228,6 +230,76 @@ TEST_F(BadArguments, RootOutsideRange) {
     }
     ASSERT_TRUE(be().AllReduce(buf.data(), buf.data(), 4, DType::kFloat32).ok());
   }
+}
+
+// AllReduce, AllGather and Broadcast take a straight path to the shared-memory window once it
+// exists at the current settings (MpiBackend::Direct). A bad argument on one rank must still
+// fail every rank with that rank's error there: each case runs after a good call of its kind.
+TEST_F(BadArguments, EveryCheckHoldsOnTheStraightPath) {
+  const bool me = rank() == 0;  // the one bad rank, and every broadcast's root
+  float* p = buf.data();
+  const size_t too_many = static_cast<size_t>(INT_MAX) + 1;
+  CallOptions device;
+  device.memory = MemoryKind::kDevice;
+  const DType odd = static_cast<DType>(17);
+  struct Case {
+    const char* expect;
+    std::function<Status()> good, bad;
+  };
+  auto all_reduce = [&](const void* s, void* r, size_t n, DType t, const CallOptions& o) {
+    return be().AllReduce(s, r, n, t, o);
+  };
+  auto reduce = [&](bool bad_send, size_t n, DType t, const CallOptions& o) {
+    return all_reduce(me && bad_send ? nullptr : p, p, me ? n : 4, me ? t : DType::kFloat32,
+                      me ? o : CallOptions{});
+  };
+  // Allgather: 4 elements from each rank into p + 4.. (64 floats hold 9 ranks' 4 + 4 * 9).
+  auto gather = [&](bool null_send, DType t) {
+    return be().AllGather(me && null_send ? nullptr : p, p + 4, 4, me ? t : DType::kFloat32);
+  };
+  auto bcast = [&](void* b, int root, DType t, const CallOptions& o) {
+    return be().Broadcast(me ? b : p, 4, me ? t : DType::kFloat32, me ? root : 0,
+                          me ? o : CallOptions{});
+  };
+  const Case cases[] = {
+      {"AllReduce: send buffer is null with count 4",
+       [&] { return reduce(false, 4, DType::kFloat32, {}); },
+       [&] { return reduce(true, 4, DType::kFloat32, {}); }},
+      {"exceeds the MPI limit of 2^31-1 elements per call",
+       [&] { return reduce(false, 4, DType::kFloat32, {}); },
+       [&] { return reduce(false, too_many, DType::kFloat32, {}); }},
+      {"AllReduce: unknown dtype 17", [&] { return reduce(false, 4, DType::kFloat32, {}); },
+       [&] { return reduce(false, 4, odd, {}); }},
+      {"backend was given device memory", [&] { return reduce(false, 4, DType::kFloat32, {}); },
+       [&] { return reduce(false, 4, DType::kFloat32, device); }},
+      {"AllGather: send buffer is null with count 4",
+       [&] { return gather(false, DType::kFloat32); },
+       [&] { return gather(true, DType::kFloat32); }},
+      {"AllGather: unknown dtype 17", [&] { return gather(false, DType::kFloat32); },
+       [&] { return gather(false, odd); }},
+      {"Broadcast: buf buffer is null with count 4",
+       [&] { return bcast(p, 0, DType::kFloat32, {}); },
+       [&] { return bcast(nullptr, 0, DType::kFloat32, {}); }},
+      {"Broadcast: root -1 is outside 0..", [&] { return bcast(p, 0, DType::kFloat32, {}); },
+       [&] { return bcast(p, -1, DType::kFloat32, {}); }},
+      {"Broadcast: unknown dtype 17", [&] { return bcast(p, 0, DType::kFloat32, {}); },
+       [&] { return bcast(p, 0, odd, {}); }},
+      {"Broadcast: the mpi backend was given device memory",
+       [&] { return bcast(p, 0, DType::kFloat32, {}); },
+       [&] { return bcast(p, 0, DType::kFloat32, device); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expect);
+    ASSERT_TRUE(OkOnEveryRank(c.good()));
+    Status st = c.bad();
+    ASSERT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.message();
+    if (!me) {
+      EXPECT_NE(st.message().find("rank 0 passed an invalid argument"), std::string::npos)
+          << st.message();
+    }
+  }
+  ASSERT_TRUE(OkOnEveryRank(be().AllReduce(p, p, 4, DType::kFloat32)));
 }
 
 TEST_F(BadArguments, CountsVectorOfWrongLength) {
