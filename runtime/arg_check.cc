@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -22,6 +23,13 @@ uint64_t HashCounts(const std::vector<size_t>& counts) {
 Status CheckCountsPerRank(const char* call, const std::vector<size_t>& counts, int world) {
   PSD_REQUIRE_ARG(counts.size() == static_cast<size_t>(world), call, ": counts has ",
                   counts.size(), " entries; expected one per rank (", world, ")");
+  size_t total = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    PSD_REQUIRE_ARG(counts[i] <= SIZE_MAX - total, call, ": counts add up to more than 2^64-1 "
+                    "elements (past it at entry ", i, ", ", counts[i],
+                    "); expected counts the buffers can hold");
+    total += counts[i];
+  }
   return Status::Ok();
 }
 
@@ -33,7 +41,10 @@ uint64_t HashDetail(const char* detail) {
 
 size_t SumCounts(const std::vector<size_t>& counts) {
   size_t total = 0;
-  for (size_t c : counts) total += c;
+  for (size_t c : counts) {
+    if (c > SIZE_MAX - total) return SIZE_MAX;
+    total += c;
+  }
   return total;
 }
 

@@ -79,9 +79,10 @@ inline ArgRecord RecordOf(const CollectiveArgs& args) {
 Status ArgsVerdict(const CollectiveArgs& mine, const std::vector<ArgRecord>& all,
                    const std::function<std::string(int)>& message_of);
 
-// A counts vector (reduce-scatter / allgatherv shard layout) must hold one entry per rank.
+// A counts vector (reduce-scatter / allgatherv shard layout) must hold one entry per rank, and
+// its sum must fit a size_t (a sum that wrapped would look small to every later check).
 Status CheckCountsPerRank(const char* call, const std::vector<size_t>& counts, int world);
-// Sum of a counts vector.
+// Sum of a counts vector; SIZE_MAX where it would wrap.
 size_t SumCounts(const std::vector<size_t>& counts);
 
 }  // namespace poseidon

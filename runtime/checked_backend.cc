@@ -21,6 +21,12 @@ Status CheckedBackend::BadRoot(const char* call, int root, int size) {
   return InvalidArgument(call, ": root ", root, " is outside 0..", size - 1);
 }
 
+Status CheckedBackend::GatherTooLarge(const char* call, size_t count, int size) {
+  return InvalidArgument(call, ": count ", count, " from each of ", size,
+                         " ranks is more than 2^64-1 elements in all; expected a gathered "
+                         "buffer the recv buffer can hold");
+}
+
 Status CheckedBackend::FailTogether(const char* call, const Status& local,
                                     const Interrupt* interrupt) {
   Status ignored = Agree(CollectiveArgs{call, -1, 0, -1, 0, local}, interrupt);

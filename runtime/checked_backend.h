@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -167,6 +168,7 @@ class CheckedBackend : public Backend {
   // The errors of the checks above (out of line: they build messages).
   static Status WrongMemory(const Backend& b, const char* call, const CallOptions& opts);
   static Status BadRoot(const char* call, int root, int size);
+  static Status GatherTooLarge(const char* call, size_t count, int size);
   // args.local when the caller vouched for agreement (CallOptions::agreed), else Agree.
   Status Agreed(const CollectiveArgs& args, const CallOptions& opts) {
     return opts.agreed ? args.local : Agree(args, opts.interrupt);
@@ -281,7 +283,9 @@ Status CheckedBackend::CheckedAllGather(B& b, const void* send, void* recv, size
                                         DType dtype, const CallOptions& opts) {
   const char* call = "AllGather";
   Status local = CheckCallOf(b, call, dtype, opts);
-  const size_t all = count * static_cast<size_t>(b.size());
+  const size_t ranks = static_cast<size_t>(b.size());
+  if (local.ok() && count > SIZE_MAX / ranks) local = GatherTooLarge(call, count, b.size());
+  const size_t all = count * ranks;
   const size_t es = local.ok() ? DTypeSize(dtype) : 0;
   if (local.ok()) local = b.CheckElements(call, all);
   if (local.ok()) local = b.CheckBuffer(call, "send", send, count, count * es);

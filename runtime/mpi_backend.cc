@@ -125,9 +125,9 @@ Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType d
 
 Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType dtype,
                              const CallOptions& opts) {
-  const size_t all = count * static_cast<size_t>(size_);
+  const size_t all = count * static_cast<size_t>(size_);  // checked below before it is used
   ShmCollectives* shm = Direct(all * DTypeSize(dtype), dtype, opts);
-  if (shm != nullptr && all <= static_cast<size_t>(INT_MAX) &&
+  if (shm != nullptr && count <= static_cast<size_t>(INT_MAX / size_) &&
       ((send != nullptr && recv != nullptr) || count == 0)) {
     const CollectiveArgs args{"AllGather", static_cast<int64_t>(count),
                               static_cast<int64_t>(dtype), -1, 0, Status::Ok(), opts.detail};

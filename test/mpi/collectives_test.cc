@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -296,6 +297,36 @@ TEST_F(BadArguments, EveryCheckHoldsOnTheStraightPath) {
     EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.message();
     if (!me) {
       EXPECT_NE(st.message().find("rank 0 passed an invalid argument"), std::string::npos)
+          << st.message();
+    }
+  }
+  ASSERT_TRUE(OkOnEveryRank(be().AllReduce(p, p, 4, DType::kFloat32)));
+}
+
+// Element counts whose product with the world size, or whose sum, wraps past 2^64 - 1 look
+// small once wrapped: each must fail as the count it is, on every rank, before any data moves.
+TEST_F(BadArguments, CountsThatWrapAround) {
+  float* p = buf.data();
+  const size_t half = (std::numeric_limits<size_t>::max() / 2) + 1;  // 2^63
+  // AllGather: 2^63 elements from each rank, on every rank (wraps to 0 at two ranks).
+  Status st = be().AllGather(p, p + 4, half, DType::kFloat32);
+  ASSERT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find(size() == 1 ? StrCat("AllGather: count ", half, " exceeds")
+                                          : StrCat("AllGather: count ", half, " from each of ",
+                                                   size(), " ranks is more than 2^64-1")),
+            std::string::npos)
+      << st.message();
+  ASSERT_TRUE(OkOnEveryRank(be().AllGather(p, p + 4, 4, DType::kFloat32)));
+  // The same counts vector on every rank, whose sum wraps to size() - 1.
+  std::vector<size_t> counts(static_cast<size_t>(size()), 1);
+  counts[0] = std::numeric_limits<size_t>::max();
+  if (size() > 1) {
+    for (bool reduce : {true, false}) {
+      st = reduce ? be().ReduceScatter(p, p + 32, counts, DType::kFloat32)
+                  : be().AllGatherV(p, p + 32, counts, DType::kFloat32);
+      ASSERT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+      EXPECT_NE(st.message().find("counts add up to more than 2^64-1 elements"),
+                std::string::npos)
           << st.message();
     }
   }
