@@ -150,11 +150,30 @@ Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
 
 Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
   const Knobs& k = knobs();
-  if (k.shm_threshold <= 0 || shm_multi_node_) return static_cast<ShmCollectives*>(nullptr);
   const long long chunk = k.shm_chunk;
   const size_t single = static_cast<size_t>(k.shm_single_copy);
-  if (shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk &&
-      shm_->single_copy_requested() == single) {
+  const ShmCollectives::Knobs wanted{k.shm_threshold, chunk, k.shm_single_copy};
+  const bool same_window = shm_ && static_cast<long long>(shm_->chunk_bytes()) == chunk &&
+                           shm_->single_copy_requested() == single;
+  if (shm_ && shm_->knobs() != wanted) {
+    // This rank's settings moved since the window last carried them. Every later call through
+    // the window publishes the new ones, so a rank that moved them alone fails its next call
+    // there together with its peers. Leaving the window for Open MPI, or rebuilding it (MPI
+    // calls on every rank), would not reach the window: that is checked through it first, and
+    // until it passes the window keeps the old ones (so every call checks again).
+    const ShmCollectives::Knobs before = shm_->knobs();
+    shm_->set_knobs(wanted);
+    if (k.shm_threshold <= 0 || !same_window) {
+      Status agreed = ShmResult(*shm_, shm_->Agree({how.call, -1, 0, -1, 0, Status::Ok()},
+                                                   how.interrupt));
+      if (!agreed.ok()) {
+        if (shm_) shm_->set_knobs(before);
+        return agreed;
+      }
+    }
+  }
+  if (k.shm_threshold <= 0 || shm_multi_node_) return static_cast<ShmCollectives*>(nullptr);
+  if (same_window) {
     window_version_ = k.version;
     return shm_.get();
   }
@@ -162,9 +181,12 @@ Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
   // MPI_Win_allocate_shared) only block.
   PSD_CHECK(MeetBeforeBlocking(how));
   shm_.reset();  // collective: every rank reaches this point with the same settings
-  return Adopt(ShmCollectives::Create(comm_, chunk < 0 ? 0 : static_cast<size_t>(chunk),
-                                      k.shm_timeout_s, single),
-               &shm_, &shm_multi_node_);
+  const size_t chunk_bytes = chunk < 0 ? 0 : static_cast<size_t>(chunk);
+  PSD_ASSIGN_OR_RETURN(ShmCollectives * created,
+                       Adopt(ShmCollectives::Create(comm_, chunk_bytes, k.shm_timeout_s, single),
+                             &shm_, &shm_multi_node_));
+  if (created != nullptr) created->set_knobs(wanted);
+  return created;
 }
 
 const MpiBackend::Knobs& MpiBackend::ReadKnobs() {

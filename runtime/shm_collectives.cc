@@ -87,6 +87,7 @@
 #include "runtime/log.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/or_agreement.h"
+#include "runtime/hash.h"
 #include "runtime/shm_reduce.h"
 #include "runtime/shard.h"
 
@@ -136,10 +137,12 @@ struct ShmCollectives::Stamp {
   // The call's index (calls_, the same on every rank): a stamp left in a slot by an earlier
   // call never passes for this one's (a root that fails before its data moves writes none).
   uint64_t index;
-  // The same call with the same arguments (and the same "bad" flag): the same bytes, since
-  // Publish pads the name with zeros and the fields leave no padding between them.
+  uint64_t knobs_hash;  // the publishing rank's knobs_hash_ (see set_knobs)
+  // The same call with the same arguments (and the same "bad" flag) and settings: the same
+  // bytes, since Publish pads the name with zeros and the fields leave no padding between them.
   bool Alike(const Stamp& o) const {
-    static_assert(sizeof(Stamp) == sizeof(ArgRecord) + sizeof(call) + sizeof(index),
+    static_assert(sizeof(Stamp) ==
+                      sizeof(ArgRecord) + sizeof(call) + sizeof(index) + sizeof(knobs_hash),
                   "Stamp::Alike compares bytes: no padding allowed");
     return std::memcmp(this, &o, sizeof(Stamp)) == 0;
   }
@@ -160,6 +163,7 @@ struct ShmCollectives::Descriptor : Stamp {
   // 1 where this rank's bad status is a failure it carries from its previous call (Enter),
   // not its own arguments' (see Begin). Not compared.
   int32_t carried;
+  Knobs knobs;  // the values knobs_hash stands for, for the error that names them
 };
 
 namespace {
@@ -540,6 +544,9 @@ void CopyName(char (&dst)[N], const char* src) {
   std::memcpy(dst, padded, N);
 }
 std::string ReadString(const char* src, size_t cap) { return std::string(src, strnlen(src, cap)); }
+std::string KnobsText(const ShmCollectives::Knobs& k) {
+  return StrCat(k.threshold, " / ", k.chunk, " / ", k.single_copy);
+}
 
 // This rank's own checks of a call with a counts vector, and its descriptor when the caller
 // gave none (the hash of the counts is taken only then: the backend passes its own).
@@ -555,10 +562,19 @@ CollectiveArgs CountedArgs(const char* call, const std::vector<size_t>& counts, 
 }
 }  // namespace
 
+void ShmCollectives::set_knobs(const Knobs& k) {
+  knobs_ = k;
+  const uint64_t words[3] = {static_cast<uint64_t>(k.threshold), static_cast<uint64_t>(k.chunk),
+                             static_cast<uint64_t>(k.single_copy)};
+  knobs_hash_ = k == Knobs{} ? 0 : Mix64(HashWords(words, 3));
+}
+
 void ShmCollectives::Publish(const CollectiveArgs& args) {
   Descriptor* mine = Desc(rank_, calls_);
   mine->record = RecordOf(args);
   mine->index = calls_;
+  mine->knobs_hash = knobs_hash_;
+  mine->knobs = knobs_;
   mine->early = 0;
   mine->carried = 0;
   CopyName(mine->call, args.call);
@@ -605,6 +621,21 @@ Status ShmCollectives::Verdict(const CollectiveArgs& args, uint64_t call) {
   for (int r = 0; r < size_ && alike; ++r) alike = r == rank_ || Desc(r, call)->Alike(*own);
   if (alike) return Status::Ok();
   const Descriptor* first = Desc(0, call);
+  // Settings first: ranks that hold different ones may have called differently because of them.
+  std::string knobs;
+  for (int r = 1; r < size_; ++r) {
+    const Descriptor* d = Desc(r, call);
+    if (d->knobs_hash != first->knobs_hash) {
+      knobs += StrCat("; rank ", r, ": ", KnobsText(d->knobs));
+    }
+  }
+  if (!knobs.empty()) {
+    return MismatchError(args.call, ": the ranks' shared-memory settings differ "
+                         "(POSEIDON_SHM_THRESHOLD_BYTES / _CHUNK_BYTES / _SINGLE_COPY_BYTES in "
+                         "force, rank 0: ", KnobsText(first->knobs), knobs,
+                         "); expected the same on every rank: they are agreed settings, so set "
+                         "them on every rank alike, between the same two calls");
+  }
   std::string differing;
   bool any_bad = false;
   for (int r = 0; r < size_; ++r) {

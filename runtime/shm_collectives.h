@@ -16,8 +16,9 @@
 // after it, before touching any peer's data. Ranks whose descriptors differ, or where one rank's
 // arguments are bad, all return the same error (runtime/arg_check.h, ArgsVerdict) at that point
 // and the window stays usable; a rank with bad arguments is named first, even where its call's
-// name differs from its peers' (Backend::FailTogether joins any call). The check costs no
-// extra round: the descriptor rides on the Sync the collective needs anyway. Descriptors
+// name differs from its peers' (Backend::FailTogether joins any call). Each descriptor also
+// carries the settings the backend uses the window by (set_knobs), compared first. The check
+// costs no extra round: the descriptor rides on the Sync the collective needs anyway. Descriptors
 // rotate through four places by call, so a fast rank's next calls never overwrite one that a
 // slow peer has yet to read (three would do, not two: receivers of broadcasts from one root
 // may run two calls ahead of one another, see Broadcast; the fourth makes the place a mask).
@@ -154,6 +155,25 @@ class ShmCollectives {
   // and for Barrier). OK on every rank or the same error on every rank.
   Status Agree(const CollectiveArgs& args, const Interrupt* interrupt = nullptr);
 
+  // The settings that decide how a backend uses this window (MpiBackend: the
+  // POSEIDON_SHM_THRESHOLD_BYTES, _CHUNK_BYTES and _SINGLE_COPY_BYTES it read). Every call
+  // publishes them with its descriptor and every rank compares them before the arguments:
+  // ranks that hold different ones (an agreed setting changed on some ranks only, after the
+  // communicator was created) fail the call with kMismatch naming the values, where one rank
+  // would otherwise move data through the window while another waited in Open MPI. All zero
+  // until set (alike on every rank of a window nobody sets them on).
+  struct Knobs {
+    long long threshold = 0;
+    long long chunk = 0;
+    long long single_copy = 0;
+    bool operator==(const Knobs& o) const {
+      return threshold == o.threshold && chunk == o.chunk && single_copy == o.single_copy;
+    }
+    bool operator!=(const Knobs& o) const { return !(*this == o); }
+  };
+  void set_knobs(const Knobs& k);
+  const Knobs& knobs() const { return knobs_; }
+
   // True once a call timed out or was interrupted: every later call fails with kAborted.
   bool broken() const { return !failure_.ok(); }
   size_t chunk_bytes() const { return chunk_bytes_; }
@@ -264,6 +284,8 @@ class ShmCollectives {
   size_t chunk_bytes_ = 0;
   size_t slot_bytes_ = 0;
   size_t single_copy_requested_ = 0;
+  Knobs knobs_;
+  uint64_t knobs_hash_ = 0;  // of knobs_, in every descriptor (0 while knobs_ is all zero)
   size_t single_copy_bytes_ = 0;  // 0: the single-copy path is off
   std::string single_copy_note_;
   std::vector<int> pids_;  // every node rank's process id (single copy only)

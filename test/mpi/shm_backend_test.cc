@@ -767,6 +767,47 @@ TEST(ShmBackendAgreement, MismatchWithTheDataOnEitherPath) {
   Settings::Global().Reset();
 }
 
+// A shared-memory setting changed on one rank only, after the window exists: the window's
+// threshold raised there (it would send the data through Open MPI while its peers use the
+// window), the window turned off there (the same), or its stage size changed (it would free and
+// rebuild the window, MPI calls its peers never make). Every rank fails each call with the
+// settings named, within the call or, for a broadcast's root that returned early, the next one;
+// nobody waits for the timeout. Once the rank goes back to its peers' settings, calls work again.
+TEST(ShmBackendAgreement, SettingsChangedOnOneRankFailEveryRank) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  Backend& be = World()->host_backend();
+  const int p = World()->size();
+  const bool odd = World()->rank() == p - 1;
+  const std::pair<const char*, const char*> changes[] = {
+      {"POSEIDON_SHM_THRESHOLD_BYTES", "1000000000"},
+      {"POSEIDON_SHM_THRESHOLD_BYTES", "0"},
+      {"POSEIDON_SHM_CHUNK_BYTES", "16384"},
+  };
+  const std::string named = "the ranks' shared-memory settings differ";
+  std::vector<float> x(8 * static_cast<size_t>(p), 2.0f), y(x.size());
+  for (const auto& [name, value] : changes) {
+    SCOPED_TRACE(StrCat(name, "=", value, " on rank ", p - 1));
+    Settings::Global().Reset();
+    ASSERT_TRUE(OkOnEveryRank(be.AllReduce(x.data(), y.data(), 8, DType::kFloat32)));
+    if (odd) ASSERT_TRUE(Settings::Global().Set(name, value).ok());
+    Status st = be.AllReduce(x.data(), y.data(), 8, DType::kFloat32);
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+    EXPECT_NE(st.message().find(named), std::string::npos) << st.message();
+    st = be.AllGather(x.data(), y.data(), 8, DType::kFloat32);
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+    EXPECT_NE(st.message().find(named), std::string::npos) << st.message();
+    st = be.Broadcast(x.data(), 8, DType::kFloat32, 0);
+    if (odd) Settings::Global().Reset();
+    Status next = be.Barrier();
+    const Status& seen = st.ok() ? next : st;
+    EXPECT_TRUE(OnEveryRank(seen.code() == StatusCode::kMismatch)) << seen.ToString();
+    EXPECT_NE(seen.message().find(named), std::string::npos) << seen.message();
+    ASSERT_TRUE(OkOnEveryRank(be.AllReduce(x.data(), y.data(), 8, DType::kFloat32)));
+    EXPECT_EQ(y[7], 2.0f * static_cast<float>(p));
+  }
+  Settings::Global().Reset();
+}
+
 // A sink on the committed first piece (on one rank only) fails the call on every rank, naming
 // it; the pieces keep their inputs and the backend stays usable.
 TEST(ShmBackendAgreement, SinkOnTheFirstPieceIsRefusedEverywhere) {
