@@ -156,10 +156,6 @@ struct ShmCollectives::Descriptor : Stamp {
   uint64_t source;
   int32_t copy_errno;
   int32_t copy_from;
-  // 1 where this rank returned before anyone checked the call, having moved a stage (a
-  // broadcast root of one piece, a reduce-scatter rank with nothing to receive; see
-  // FailedStages). Not compared.
-  int32_t early;
   // 1 where this rank's bad status is a failure it carries from its previous call (Enter),
   // not its own arguments' (see Begin). Not compared.
   int32_t carried;
@@ -575,7 +571,6 @@ void ShmCollectives::Publish(const CollectiveArgs& args) {
   mine->index = calls_;
   mine->knobs_hash = knobs_hash_;
   mine->knobs = knobs_;
-  mine->early = 0;
   mine->carried = 0;
   CopyName(mine->call, args.call);
   if (!args.local.ok()) {
@@ -605,12 +600,12 @@ Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interr
     Desc(rank_, calls_)->carried = 1;
     PSD_CHECK(Sync(args.call, interrupt));
     ++calls_;
-    return FailedStages(Verdict(failed, call), call);
+    return FailedStages(Verdict(failed, call));
   }
   Publish(args);
   PSD_CHECK(Sync(args.call, interrupt));
   ++calls_;
-  return FailedStages(Verdict(args, call), call);
+  return FailedStages(Verdict(args, call));
 }
 
 Status ShmCollectives::Verdict(const CollectiveArgs& args, uint64_t call) {
@@ -887,7 +882,6 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       // (the verdict and my peers' reads are settled at my next call).
       const uint64_t index = calls_;
       Publish(a);
-      Desc(rank_, index)->early = 1;
       const uint32_t arrival = Arrive();
       ++calls_;
       ++stage_;
@@ -1049,7 +1043,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       // Every rank checks every rank's descriptor before the second piece moves, so a call
       // of several pieces fails in the call itself, on every rank.
       PSD_CHECK(Await(call, interrupt, first, -1));
-      Status verdict = FailedStages(Verdict(a, index), index);
+      Status verdict = FailedStages(Verdict(a, index));
       if (!verdict.ok()) return verdict;
     }
     if (rank_ == root) {
@@ -1061,7 +1055,6 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
         Publish(a);
         Descriptor* mine = Desc(rank_, index);
         *reinterpret_cast<Stamp*>(slot) = *mine;
-        if (pieces == 1) mine->early = 1;
       }
       arrival = Arrive();
     } else {
@@ -1074,7 +1067,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
           // Rare: wait for every rank and reach the verdict the others reach.
           PSD_CHECK(Await(call, interrupt, arrival, -1));
           ++calls_;
-          return FailedStages(Verdict(a, index), index);
+          return FailedStages(Verdict(a, index));
         }
         if (pieces == 1) {
           __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
@@ -1115,21 +1108,19 @@ bool ShmCollectives::OnlyCarriers(uint64_t index) const {
   return any;
 }
 
-Status ShmCollectives::FailedStages(Status verdict, uint64_t index) {
+Status ShmCollectives::FailedStages(Status verdict) {
   if (verdict.ok()) return verdict;
-  // Some ranks may have returned before anyone checked the call, each having moved a stage
-  // (Descriptor::early): a broadcast root of one piece, with the receivers that matched it,
-  // which may still be copying out of the root's slot after this failure; reduce-scatter
-  // ranks with nothing to receive. Their stage stays moved (giving it back would let the
-  // root's next call write into the slot its receivers still read), so every rank that fails
-  // the call in the call (whatever it called) moves one too. Every one of them reads the same
-  // descriptors.
-  for (int r = 0; r < size_; ++r) {
-    if (Desc(r, index)->early != 0) {
-      ++stage_;
-      break;
-    }
-  }
+  // Every rank that fails a call in the call moves one stage, whatever it called, and so does
+  // every rank that returned from it before anyone checked it (a broadcast root of one piece,
+  // with the receivers that matched it, which may still be copying out of the root's slot
+  // after this failure; a reduce-scatter rank with nothing to receive): every rank leaves the
+  // call one stage on. Neither may stay: a broadcast's receivers read the root's stamp before
+  // they know the verdict, and a root that failed its call (its arguments, moving no data) and
+  // kept its stage would write its next broadcast's stamp into the slot they may still be
+  // reading (np 7: a receiver then matched a stamp torn between the two and returned OK from a
+  // call that failed everywhere else). The next broadcast writes into the stage after, whose
+  // last readers have all arrived for a later call since.
+  ++stage_;
   return verdict;
 }
 

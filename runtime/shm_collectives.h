@@ -70,7 +70,9 @@
 // that finds its early return refused only by peers that were carrying such a failure (which
 // it failed itself in the call before) does not carry it further. Such a broadcast's stage
 // stays moved on every rank, failed or not (the ranks that matched the root may still be
-// copying out of its slot when the root's next call begins). A broadcast of several pieces is
+// copying out of its slot when the root's next call begins), and every call that fails in the
+// call moves one stage on every rank too (a receiver may still be reading the stamp of a
+// broadcast whose root failed its arguments and wrote nothing). A broadcast of several pieces is
 // paced by its root the same way, but every rank checks every descriptor before the second
 // piece, so it fails in the call itself. A ReduceScatter of one round returns the same way on
 // the ranks whose share is empty (most of them in a reduce-scatter of a few elements), its
@@ -233,10 +235,10 @@ class ShmCollectives {
   // for every peer's arrival, and check its agreement if `verdict`. root: a broadcast's root,
   // whose receivers confirm (Confirmed); -1 for other calls.
   void Defer(uint32_t arrival, uint64_t index, bool verdict, int root);
-  // A verdict reached in call `index` itself, passed through: where it is a failure, moves the
-  // stage that the ranks which returned early from that call moved, where any did (so every
-  // rank keeps the same stage; see Broadcast).
-  Status FailedStages(Status verdict, uint64_t index);
+  // A verdict reached in the call itself, passed through: where it is a failure, moves one
+  // stage, as every rank that returned early from the call moved one (so every rank keeps the
+  // same stage, and no slot that a peer may still read is written next; see Broadcast).
+  Status FailedStages(Status verdict);
   // Every rank whose descriptor of call `index` is bad carries a failure from its previous call
   // (and at least one is bad), and every other rank's descriptor is this rank's.
   bool OnlyCarriers(uint64_t index) const;
