@@ -25,6 +25,7 @@ namespace {
 
 using testing::AllEqual;
 using testing::OkOnEveryRank;
+using testing::OnEveryRank;
 using testing::OneOddGroups;
 using testing::World;
 
@@ -301,6 +302,36 @@ TEST_F(BadArguments, EveryCheckHoldsOnTheStraightPath) {
     }
   }
   ASSERT_TRUE(OkOnEveryRank(be().AllReduce(p, p, 4, DType::kFloat32)));
+}
+
+// A root whose broadcast fails on its own arguments moves no data; its receivers still compare
+// its slot's stamp with their own call before they learn the verdict. The root's next broadcast
+// must not write into the slot they may still be reading: when it did (and the slot last held
+// an allreduce's input, so the compare stopped at the first byte), a receiver's compare could
+// see the old byte differ and then the new one equal, and return OK from the failed call. Each
+// pair here runs as that: an allreduce, the failed broadcast, at once the root's next.
+TEST_F(BadArguments, RootThatFailsItsBroadcastOverAndOver) {
+  if (size() == 1) GTEST_SKIP() << "needs receivers";
+  const bool root = rank() == 0;
+  const float n = static_cast<float>(size());
+  Status bad;
+  for (int i = 0; i < 300; ++i) {
+    SCOPED_TRACE(StrCat("pair ", i));
+    for (int j = 0; j < 4; ++j) buf[j] = root ? static_cast<float>(i * 4 + j) : -1.0f;
+    Status good = be().Broadcast(buf.data(), 4, DType::kFloat32, 0);
+    ASSERT_TRUE(OnEveryRank(i == 0 || bad.code() == StatusCode::kInvalidArgument))
+        << bad.ToString();
+    ASSERT_TRUE(OkOnEveryRank(good));
+    bool right = true;
+    for (int j = 0; j < 4; ++j) right = right && buf[j] == static_cast<float>(i * 4 + j);
+    ASSERT_TRUE(OnEveryRank(right)) << "values after the good broadcast";
+    for (int j = 0; j < 4; ++j) buf[j] = 1.0f;
+    ASSERT_TRUE(OkOnEveryRank(be().AllReduce(buf.data(), buf.data(), 4, DType::kFloat32)));
+    ASSERT_TRUE(OnEveryRank(buf[0] == n && buf[3] == n)) << "values after the allreduce";
+    bad = be().Broadcast(root ? nullptr : buf.data(), 4, DType::kFloat32, 0);
+  }
+  ASSERT_TRUE(OnEveryRank(bad.code() == StatusCode::kInvalidArgument)) << bad.ToString();
+  ASSERT_TRUE(OkOnEveryRank(be().AllReduce(buf.data(), buf.data(), 4, DType::kFloat32)));
 }
 
 // Element counts whose product with the world size, or whose sum, wraps past 2^64 - 1 look
