@@ -1147,9 +1147,10 @@ Status ShmCollectives::FailedStages(Status verdict) {
   // call one stage on. Neither may stay: a broadcast's receivers read the root's stamp before
   // they know the verdict, and a root that failed its call (its arguments, moving no data) and
   // kept its stage would write its next broadcast's stamp into the slot they may still be
-  // reading (np 7: a receiver then matched a stamp torn between the two and returned OK from a
-  // call that failed everywhere else). The next broadcast writes into the stage after, whose
-  // last readers have all arrived for a later call since.
+  // comparing (np 7: the compare, glibc's memcmp, found the first differing byte in the old
+  // contents and re-read it from the new stamp, equal, so a receiver returned OK from a call
+  // that failed everywhere else). The next broadcast writes into the stage after, whose last
+  // readers have all arrived for a later call since.
   ++stage_;
   return verdict;
 }
