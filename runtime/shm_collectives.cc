@@ -52,13 +52,27 @@
 // peer's part with process_vm_readv, peers in the order rank+1, rank+2, ... so that they do not
 // all start on the same one; each rank records its outcome in its descriptor; Sync; every rank
 // returns the first failure recorded, or OK. Two Syncs whatever the size, one copy of each byte.
-// Measured here (2 cores, bench/RESULTS.md): on the VM's Intel CPU, at P = 2 gathers of
-// 32 KiB - 16 MiB ran 1.1-2.0x faster than through the window in lockstep rounds; on its AMD
-// CPU the window's pipelined rounds ran 1.3-2x faster than this path at 256 KiB - 16 MiB, so
-// it is off by default (POSEIDON_SHM_SINGLE_COPY_BYTES). At 32 MiB the window's streaming
-// stores won. With ranks outnumbering cores (P = 4, 8 here) it was no faster (MpiBackend then
-// asks for none), and broadcasts this way (every receiver reading the root's pages at once)
-// ran 1.6-2.5x slower at every P, so Broadcast keeps the window.
+//
+// Single-copy AllReduce (from single_copy_reduce_bytes_, above one_shot_bytes_, below
+// kDirectReduceMaxBytes): every rank puts its input's and its output's addresses in its
+// descriptor; Enter; then per chunk of 1 MiB: (1) each rank sums its shard of the chunk in rank
+// order into its output, reading each peer's part of it into a 64 KiB block of its own
+// (process_vm_readv) and its own part from its input; Sync; (2) each rank reads every peer's
+// summed shard of the chunk out of that peer's output. Then FinishSingleCopy as above. Per byte
+// of the buffer a rank moves about 3 bytes instead of the window's 4.5-4.75 (copy in, sum,
+// copy out). In place is safe: in (1) a rank writes only its own shard, which no peer reads,
+// and in (2) it writes its peers' shards, which the Sync says every peer has summed.
+//
+// Which of the two ways is faster depends on the CPU and the kernel. Measured here (2 cores,
+// bench/RESULTS.md): on the development VM's Intel CPU (2 ranks) the single copy ran gathers
+// of 64 KiB-16 MiB 1.1-1.9x and allreduces of 512 KiB-8 MiB 1.25-1.6x faster than the window,
+// although process_vm_readv moved 256 KiB 1.8x slower than memcpy did; on its AMD CPU the
+// window's pipelined gather rounds ran 1.3-2x faster at 256 KiB-16 MiB. So by default
+// (kSingleCopyAuto) Create times both ways of each call on every rank and keeps the faster.
+// With ranks outnumbering cores (P = 4, 8 here) the single copy was no faster for gathers and
+// up to 1.4x slower for allreduces (MpiBackend then asks for none), and broadcasts this way
+// (every receiver reading the root's pages at once) ran 1.6-2.5x slower at every P, so
+// Broadcast keeps the window.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
 // every peer's count: spin for up to 5 us where ranks have cores and the peer last arrived on
@@ -103,6 +117,19 @@ constexpr size_t kOneShotPairBytes = size_t{256} << 10;
 // were slower again.
 constexpr size_t kGatherRoundBytes = size_t{256} << 10;
 constexpr size_t kMinChunkBytes = 4096;
+// ReduceDirect reads its peers' inputs in blocks of this size, one block per peer held at once
+// (448 KiB at P = 8: within a core's L2 cache).
+constexpr size_t kDirectBlockBytes = size_t{64} << 10;
+// ReduceDirect's chunk: every rank's shard of one chunk is summed, then read by its peers, while
+// it is still in the caches.
+constexpr size_t kDirectChunkBytes = size_t{1} << 20;
+// ReduceDirect runs below this size: at 16 MiB it ran no faster than the window at P = 2 here,
+// at 32 and 64 MiB 1.1-1.4x slower (the window's streaming stores move fewer bytes to memory).
+constexpr size_t kDirectReduceMaxBytes = size_t{16} << 20;
+// TimeSingleCopy's calls: bytes of the allgather's gathered buffer and of the allreduce, and
+// the timed runs of each (after two untimed ones).
+constexpr size_t kAutoProbeBytes = size_t{1} << 20;
+constexpr int kTimedRuns = 3;
 // A broadcast moves pieces of at most this size, paced by its root (see Broadcast). On the
 // development VM (2 cores, osu_broadcast --no-peer, 3-5 runs each, bench/RESULTS.md) 512 KiB
 // pieces against whole 1 MiB slots: P = 2 at 2 / 8 MiB 62-119 / 234-295 us against 256-266 /
@@ -154,6 +181,7 @@ struct ShmCollectives::Descriptor : Stamp {
   // Single copy: the address of this rank's source buffer in its own address space, then the
   // outcome of its reads (an errno, 0 when all succeeded, and the rank it failed to read).
   uint64_t source;
+  uint64_t target;  // AllReduce only: the address of this rank's output
   int32_t copy_errno;
   int32_t copy_from;
   // 1 where this rank's bad status is a failure it carries from its previous call (Enter),
@@ -347,14 +375,19 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   // faster with 100-400 us of it than with the futex sleep straight away (bench/RESULTS.md).
   s->yield_s_ = 200e-6;
   s->single_copy_requested_ = single_copy_bytes;
+  const bool automatic = single_copy_bytes == kSingleCopyAuto;
   if (single_copy_bytes > 0 && size > 1) {
     PSD_CHECK(s->ProbeSingleCopy());
-    if (s->single_copy_note_.empty()) s->single_copy_bytes_ = single_copy_bytes;
+    if (s->single_copy_note_.empty()) {
+      s->single_copy_bytes_ = automatic ? kAutoSingleCopyBytes : single_copy_bytes;
+      s->single_copy_reduce_bytes_ = s->single_copy_bytes_;
+    }
   }
   MPI_Win_sync(s->win_);
   // Everyone's counter is zero before anyone increments it.
   rc = MPI_Barrier(s->local_);
   if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Barrier", rc);
+  if (automatic && s->single_copy_bytes_ > 0) PSD_CHECK(s->TimeSingleCopy());
   return s;
 }
 
@@ -774,6 +807,45 @@ Status ShmCollectives::ProbeSingleCopy() {
   return Status::Ok();
 }
 
+Status ShmCollectives::TimeSingleCopy() {
+  const size_t n = kAutoProbeBytes / sizeof(float);
+  const size_t per_rank = n / static_cast<size_t>(size_);
+  std::vector<float> in(n, 1.0f), out(n);
+  // Best of kTimedRuns after two untimed runs, per way: allgather through the window, single
+  // copy, then allreduce alike.
+  double best[4];
+  const size_t gather = single_copy_bytes_, reduce = single_copy_reduce_bytes_;
+  for (int way = 0; way < 4; ++way) {
+    const bool direct = way % 2 == 1;
+    single_copy_bytes_ = direct ? gather : 0;
+    single_copy_reduce_bytes_ = direct ? reduce : 0;
+    best[way] = 1e30;
+    for (int run = 0; run < 2 + kTimedRuns; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      Status st = way < 2 ? AllGather(in.data(), out.data(), per_rank, DType::kFloat32)
+                          : AllReduce(in.data(), out.data(), n, DType::kFloat32);
+      const double took = Seconds(start);
+      if (!st.ok()) return st.WithPrefix("ShmCollectives: timing the single-copy path");
+      if (run >= 2) best[way] = std::min(best[way], took);
+    }
+  }
+  double slowest[4];
+  int rc = MPI_Allreduce(best, slowest, 4, MPI_DOUBLE, MPI_MAX, local_);
+  if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Allreduce(single-copy times)", rc);
+  // Every rank holds the same times, so every rank keeps the same ways.
+  single_copy_bytes_ = slowest[1] < slowest[0] ? gather : 0;
+  single_copy_reduce_bytes_ = slowest[3] < slowest[2] ? reduce : 0;
+  auto way = [](size_t on) { return on > 0 ? "single copy" : "window"; };
+  single_copy_note_ = StrCat(
+      "measured at creation (", kAutoProbeBytes >> 10, " KiB, slowest rank): allgather ",
+      static_cast<int>(slowest[0] * 1e6), " us through the window, ",
+      static_cast<int>(slowest[1] * 1e6), " us in single copy: ", way(single_copy_bytes_),
+      "; allreduce ", static_cast<int>(slowest[2] * 1e6), " / ",
+      static_cast<int>(slowest[3] * 1e6), " us: ", way(single_copy_reduce_bytes_));
+  PSD_LOG(kInfo, "ShmCollectives: ", single_copy_note_);
+  return Status::Ok();
+}
+
 Status ShmCollectives::FinishSingleCopy(const char* call, const Interrupt* interrupt, int err,
                                         int from) {
   const uint64_t index = calls_ - 1;  // the call Enter has just agreed on
@@ -823,6 +895,10 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
     return Status::Ok();
   }
 
+  if (single_copy_reduce_bytes_ > 0 && count * es >= single_copy_reduce_bytes_ &&
+      count * es < kDirectReduceMaxBytes) {
+    return ReduceDirect(send, recv, count, dtype, interrupt, a);
+  }
   const size_t per_chunk = slot_bytes_ / es;
   const size_t chunks = (count + per_chunk - 1) / per_chunk;
   const bool stream = count * es >= kStreamOutputBytes;
@@ -1030,6 +1106,62 @@ Status ShmCollectives::GatherDirect(const void* send, void* recv, const GatherLa
     err = ReadPeer(pids_[static_cast<size_t>(r)], out + layout.offset(r) * es,
                    Desc(r, index)->source, n * es);
     if (err != 0) from = r;
+  }
+  return FinishSingleCopy(a.call, interrupt, err, from);
+}
+
+Status ShmCollectives::ReduceDirect(const void* send, void* recv, size_t count, DType dtype,
+                                    const Interrupt* interrupt, const CollectiveArgs& a) {
+  const size_t es = DTypeSize(dtype);
+  const unsigned char* in = static_cast<const unsigned char*>(send);
+  unsigned char* out = static_cast<unsigned char*>(recv);
+  // The descriptor Enter publishes carries my input's and my output's addresses.
+  Descriptor* own = Desc(rank_, calls_);
+  own->source = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(send));
+  own->target = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(recv));
+  PSD_CHECK(Enter(a, interrupt));
+  const uint64_t index = calls_ - 1;
+  const size_t peers = static_cast<size_t>(size_ - 1);
+  if (direct_blocks_.size() < peers * kDirectBlockBytes) {
+    direct_blocks_.resize(peers * kDirectBlockBytes);
+  }
+  std::vector<const void*>& srcs = srcs_;
+  int err = 0, from = -1;
+  const size_t per_chunk = kDirectChunkBytes / es;
+  const size_t per_block = kDirectBlockBytes / es;
+  for (size_t c = 0; c < count; c += per_chunk) {
+    const size_t len = std::min(per_chunk, count - c);
+    // 1. My shard of the chunk, block by block: every peer's block read into a block of mine
+    // (the blocks stay in this core's cache), summed in rank order with my own input's into my
+    // output.
+    const size_t off = c + ShardOffset(len, size_, rank_), mine = ShardCount(len, size_, rank_);
+    for (size_t b = 0; b < mine && err == 0; b += per_block) {
+      const size_t n = std::min(per_block, mine - b);
+      const size_t at = (off + b) * es;
+      for (int j = 1; j < size_ && err == 0; ++j) {
+        const int r = (rank_ + j) % size_;
+        unsigned char* block =
+            direct_blocks_.data() + static_cast<size_t>(j - 1) * kDirectBlockBytes;
+        err = ReadPeer(pids_[static_cast<size_t>(r)], block, Desc(r, index)->source + at, n * es);
+        if (err != 0) from = r;
+        srcs[static_cast<size_t>(r)] = block;
+      }
+      if (err != 0) break;
+      srcs[static_cast<size_t>(rank_)] = in + at;
+      ShmReduceSum(dtype, srcs.data(), size_, out + at, n);
+    }
+    // 2. Once every shard of the chunk is summed (and nobody reads the chunk's inputs any
+    // more: with send == recv a rank writes its peers' shards over its input now), every
+    // peer's shard out of its output.
+    PSD_CHECK(Sync(a.call, interrupt));
+    for (int j = 1; j < size_ && err == 0; ++j) {
+      const int r = (rank_ + j) % size_;
+      const size_t n = ShardCount(len, size_, r);
+      if (n == 0) continue;
+      const size_t at = (c + ShardOffset(len, size_, r)) * es;
+      err = ReadPeer(pids_[static_cast<size_t>(r)], out + at, Desc(r, index)->target + at, n * es);
+      if (err != 0) from = r;
+    }
   }
   return FinishSingleCopy(a.call, interrupt, err, from);
 }

@@ -49,7 +49,13 @@
 // input. Create tries one such read between neighbours and leaves the path off on every rank
 // when the kernel refuses it on any (ptrace rules, seccomp, separate pid namespaces). A read
 // that fails mid-call is named in the descriptor before the second Sync, so every rank returns
-// the same error.
+// the same error. AllReduce of at least single_copy_bytes, above the one-Sync size and below
+// 16 MiB, takes the same way: each rank sums its shard from its peers' inputs into its own
+// output, then reads every peer's summed shard out of that peer's output (the same bits as the
+// window's sums). With kSingleCopyAuto, Create times both ways of each (an allgather and an
+// allreduce of 1 MiB) and keeps the single copy for the ones it ran faster on every rank
+// (single_copy_note says what it measured): on the development VM's Intel CPU it won for both,
+// on its AMD CPU the window's allgather was faster.
 //
 // Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the
 // usual parameter and object broadcasts, every small one). The root copies its buffer into its
@@ -110,12 +116,15 @@ namespace poseidon {
 
 class ShmCollectives {
  public:
+  static constexpr size_t kSingleCopyAuto = SIZE_MAX;
+  static constexpr size_t kAutoSingleCopyBytes = size_t{64} << 10;
   // Collective over comm (every rank must call it). Returns kUnavailable on every rank when
   // comm spans more than one node (the caller then uses plain MPI), kInvalidArgument when
   // chunk_bytes < 4096, kMismatch when ranks pass different chunk sizes or single-copy
   // thresholds, kBackendError when MPI cannot allocate the window. timeout_s <= 0 waits forever.
-  // single_copy_bytes: the smallest AllGather(V) (bytes of the gathered buffer) read straight
-  // from the peers' memory (see "Single copy" above); 0: never.
+  // single_copy_bytes: the smallest AllGather(V) (bytes of the gathered buffer) and AllReduce
+  // read straight from the peers' memory (see "Single copy" above); 0: never; kSingleCopyAuto:
+  // from kAutoSingleCopyBytes, for the calls on which Create measured it faster.
   static Result<std::unique_ptr<ShmCollectives>> Create(MPI_Comm comm, size_t chunk_bytes,
                                                         double timeout_s,
                                                         size_t single_copy_bytes = 0);
@@ -183,6 +192,8 @@ class ShmCollectives {
   // when the probe turned it off (single_copy_note() then says why).
   size_t single_copy_requested() const { return single_copy_requested_; }
   size_t single_copy_bytes() const { return single_copy_bytes_; }
+  // The smallest AllReduce read straight from the peers (0: never).
+  size_t single_copy_reduce_bytes() const { return single_copy_reduce_bytes_; }
   const std::string& single_copy_note() const { return single_copy_note_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -254,6 +265,9 @@ class ShmCollectives {
   // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's
   // read succeeds.
   Status ProbeSingleCopy();
+  // kSingleCopyAuto: times an allgather and an allreduce both ways on every rank and keeps the
+  // single copy for each where it was faster (the slowest rank's best of several runs).
+  Status TimeSingleCopy();
   // After a single-copy call's reads: record this rank's outcome (err: an errno, 0 when every
   // read succeeded; from: the rank it failed to read), Sync so that no sender leaves while a
   // receiver still reads, then the same verdict on every rank from every rank's outcome.
@@ -274,6 +288,11 @@ class ShmCollectives {
                       const Interrupt* interrupt, const CollectiveArgs& a);
   Status GatherDirect(const void* send, void* recv, const GatherLayout& layout, DType dtype,
                       const Interrupt* interrupt, const CollectiveArgs& a);
+  // AllReduce in single copy (see the top of shm_collectives.cc): each rank sums its shard
+  // from its peers' inputs, read in blocks with process_vm_readv, into its own output; Sync;
+  // each rank reads every peer's summed shard out of that peer's output.
+  Status ReduceDirect(const void* send, void* recv, size_t count, DType dtype,
+                      const Interrupt* interrupt, const CollectiveArgs& a);
 
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
@@ -288,9 +307,11 @@ class ShmCollectives {
   size_t single_copy_requested_ = 0;
   Knobs knobs_;
   uint64_t knobs_hash_ = 0;  // of knobs_, in every descriptor (0 while knobs_ is all zero)
-  size_t single_copy_bytes_ = 0;  // 0: the single-copy path is off
+  size_t single_copy_bytes_ = 0;  // AllGather(V); 0: the single-copy path is off
+  size_t single_copy_reduce_bytes_ = 0;  // AllReduce; 0: off
   std::string single_copy_note_;
   std::vector<int> pids_;  // every node rank's process id (single copy only)
+  std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer
   double timeout_s_ = 0;
   double spin_s_ = 0;  // seconds of plain spinning first (0 when ranks outnumber cores)
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep

@@ -237,6 +237,90 @@ TEST_F(ShmSingleCopy, UnreadableInputOnOneRankFailsEveryRankAlike) {
   munmap(map, page * static_cast<size_t>(p));  // the unmapped page, if any, is skipped
 }
 
+// The single-copy allreduce: one rank's input can be read by that rank but not by its peers
+// (every page but those of its own shard made inaccessible), so each peer fails to read it and
+// the rank itself fails to write the peers' sums into those pages. Every rank returns the same error,
+// naming that rank, nothing crashes, and the next call works. The buffer is one chunk, larger
+// than the one-Sync size, and each shard starts on a page.
+TEST_F(ShmSingleCopy, UnreadableInputOnOneRankFailsEveryAllReduceAlike) {
+  const int p = World()->size(), me = World()->rank(), bad = p - 1;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t shard_bytes = p <= 4 ? (size_t{256} << 10) : (size_t{64} << 10);
+  ASSERT_EQ(shard_bytes % page, 0u);
+  const size_t bytes = shard_bytes * static_cast<size_t>(p), n = bytes / sizeof(float);
+  ASSERT_GE(shm_->single_copy_reduce_bytes(), 1u);
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  float* buf = static_cast<float*>(map);
+  unsigned char* base = static_cast<unsigned char*>(map);
+  for (int r = 0; r < p; ++r) {
+    ASSERT_EQ(ShardOffset(n, p, r) * sizeof(float), static_cast<size_t>(r) * shard_bytes);
+    if (me == bad && r != me) {
+      // Not unmapped: the rank's own allocations could then land in the hole.
+      ASSERT_EQ(mprotect(base + static_cast<size_t>(r) * shard_bytes, shard_bytes, PROT_NONE), 0);
+    } else {
+      std::fill_n(buf + ShardOffset(n, p, r), ShardCount(n, p, r), static_cast<float>(me + 1));
+    }
+  }
+  Status st = shm_->AllReduce(buf, buf, n, DType::kFloat32);
+  EXPECT_EQ(st.code(), StatusCode::kBackendError) << st.ToString();
+  EXPECT_NE(st.message().find("process_vm_readv"), std::string::npos) << st.message();
+  if (p > 1 && bad != 0) {
+    // Rank 0's failure comes first: its read of the bad rank's input.
+    EXPECT_NE(st.message().find(StrCat("node rank 0 could not read node rank ", bad, "'s buffer")),
+              std::string::npos)
+        << st.message();
+  }
+  char text[256] = {};
+  std::strncpy(text, st.ToString().c_str(), sizeof(text) - 1);
+  EXPECT_TRUE(SameOnEveryRank(text, sizeof(text))) << st.ToString();
+  munmap(map, bytes);
+  // Still in step: a good allreduce of the same size, single copy again, sums exactly.
+  std::vector<float> good(n, static_cast<float>(me + 1)), sum(n);
+  ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(good.data(), sum.data(), n, DType::kFloat32)));
+  const float want = static_cast<float>(p * (p + 1) / 2);
+  EXPECT_TRUE(OnEveryRank(std::all_of(sum.begin(), sum.end(), [&](float v) { return v == want; })));
+}
+
+// The default (kSingleCopyAuto): Create times both ways and keeps, on every rank alike, the
+// single copy for the calls it ran faster; each call then gives the window's exact results.
+TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto s = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0,
+                                  ShmCollectives::kSingleCopyAuto);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::unique_ptr<ShmCollectives> shm = std::move(s).value();
+  EXPECT_EQ(shm->single_copy_requested(), ShmCollectives::kSingleCopyAuto);
+  const std::string& note = shm->single_copy_note();
+  if (note.find("process_vm_readv") != std::string::npos ||
+      note.find("probe failed") != std::string::npos) {
+    GTEST_SKIP() << "this kernel refuses the single-copy path: " << note;
+  }
+  EXPECT_NE(note.find("measured at creation"), std::string::npos) << note;
+  const size_t on = ShmCollectives::kAutoSingleCopyBytes;
+  uint64_t ways[2] = {shm->single_copy_bytes(), shm->single_copy_reduce_bytes()};
+  EXPECT_TRUE(ways[0] == 0 || ways[0] == on) << ways[0];
+  EXPECT_TRUE(ways[1] == 0 || ways[1] == on) << ways[1];
+  EXPECT_TRUE(SameOnEveryRank(ways, sizeof(ways))) << note;
+  const int p = World()->size(), me = World()->rank();
+  const size_t n = (size_t{3} << 20) / sizeof(float) + 5;
+  std::vector<float> in(n), out(n);
+  for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>((me + 1) * (i % 97));
+  ASSERT_TRUE(OkOnEveryRank(shm->AllReduce(in.data(), out.data(), n, DType::kFloat32)));
+  bool exact = true;
+  for (size_t i = 0; i < n && exact; ++i) {
+    exact = out[i] == static_cast<float>(p * (p + 1) / 2 * static_cast<int>(i % 97));
+  }
+  EXPECT_TRUE(OnEveryRank(exact));
+  std::vector<float> all(n * static_cast<size_t>(p));
+  ASSERT_TRUE(OkOnEveryRank(shm->AllGather(in.data(), all.data(), n, DType::kFloat32)));
+  exact = true;
+  for (size_t i = 0; i < all.size() && exact; ++i) {
+    exact = all[i] == static_cast<float>((i / n + 1) * ((i % n) % 97));
+  }
+  EXPECT_TRUE(OnEveryRank(exact));
+}
+
 TEST(ShmErrors, BadChunkSettingIsReportedByTheBackend) {
   ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", "1").ok());
   ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_CHUNK_BYTES", "64").ok());

@@ -114,7 +114,8 @@ void FillX(Buf* b, int rank, size_t n) {
 struct Case {
   DType dtype;
   size_t chunk_bytes;
-  size_t single_copy_bytes;  // Create's; 1: every gather that moves data reads peers directly
+  size_t single_copy_bytes;  // Create's; 1: every gather, and every allreduce beyond one Sync
+                             // and below 16 MiB, reads the peers directly
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
@@ -122,8 +123,8 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
          (info.param.single_copy_bytes > 0 ? "_single_copy" : "");
 }
 
-// Both chunk sizes through the window, and the 1 MiB chunk with every allgather read straight
-// from the peers (where this kernel allows it: ShmSingleCopy.ProbeTurnsItOnHere says).
+// Both chunk sizes through the window, and the 1 MiB chunk with every allgather and allreduce
+// that can read straight from the peers doing so (where this kernel allows it: ShmSingleCopy.ProbeTurnsItOnHere says).
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (DType d : kAllTypes) {
