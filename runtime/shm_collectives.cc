@@ -829,10 +829,14 @@ Status ShmCollectives::TimeSingleCopy() {
       if (run >= 2) best[way] = std::min(best[way], took);
     }
   }
-  double slowest[4];
-  int rc = MPI_Allreduce(best, slowest, 4, MPI_DOUBLE, MPI_MAX, local_);
-  if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Allreduce(single-copy times)", rc);
-  // Every rank holds the same times, so every rank keeps the same ways.
+  // Every rank's times through the window (its deadline, and a peer that stops answering
+  // named), then the slowest of each: every rank holds the same, so keeps the same ways.
+  single_copy_bytes_ = 0;
+  std::vector<double> all(4 * static_cast<size_t>(size_));
+  Status st = AllGather(best, all.data(), 4, DType::kFloat64);
+  if (!st.ok()) return st.WithPrefix("ShmCollectives: gathering the single-copy times");
+  double slowest[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < all.size(); ++i) slowest[i % 4] = std::max(slowest[i % 4], all[i]);
   single_copy_bytes_ = slowest[1] < slowest[0] ? gather : 0;
   single_copy_reduce_bytes_ = slowest[3] < slowest[2] ? reduce : 0;
   auto way = [](size_t on) { return on > 0 ? "single copy" : "window"; };

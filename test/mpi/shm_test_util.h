@@ -11,6 +11,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/shard.h"
+#include "runtime/status.h"
 #include "test/mpi/typed_buffer.h"
 #include "test/mpi_test_main.h"
 
@@ -29,6 +30,13 @@ inline bool SameOnEveryRank(const void* bytes, size_t n) {
   int same = n == 0 || std::memcmp(root.data(), bytes, n) == 0 ? 1 : 0, all = 0;
   MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, World()->mpi_comm());
   return all == 1;
+}
+
+// True when st's text (its first 255 characters) is rank 0's on every rank.
+inline bool SameStatusOnEveryRank(const Status& st) {
+  char text[256] = {};
+  std::strncpy(text, st.ToString().c_str(), sizeof(text) - 1);
+  return SameOnEveryRank(text, sizeof(text));
 }
 
 const DType kAllTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
