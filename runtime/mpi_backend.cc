@@ -1,6 +1,5 @@
 #include "runtime/mpi_backend.h"
 
-#include <unistd.h>
 
 #include <climits>
 #include <cstdint>
@@ -193,14 +192,10 @@ const MpiBackend::Knobs& MpiBackend::ReadKnobs() {
   knobs_.version = Settings::version();
   knobs_.shm_threshold = settings::ShmThresholdBytes();
   knobs_.shm_chunk = settings::ShmChunkBytes();
-  // Single copy only where every rank has a core: with more ranks than cores it was no faster
-  // than the window (runtime/shm_collectives.cc). The whole communicator is on this node
-  // whenever the window exists, so every rank decides alike. (Counting the cores reads a
-  // file: here, not per call.) Negative: measured at the window's creation (-1 for all).
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  // Negative: chosen at the window's creation (-1 for all), by measuring where every rank has
+  // a core and by the count of ranks per core where they outnumber the cores (ShmCollectives).
   const long long single = settings::ShmSingleCopyBytes();
-  knobs_.shm_single_copy =
-      single == 0 || (cores > 0 && size_ > cores) ? 0 : (single < 0 ? -1 : single);
+  knobs_.shm_single_copy = single < 0 ? -1 : single;
   knobs_.shm_timeout_s = settings::ShmTimeoutS();
   knobs_.check_args = settings::CheckArgs();
   knobs_.hier_bytes = settings::HierAllReduceBytes();

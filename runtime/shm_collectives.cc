@@ -70,9 +70,26 @@
 // window's pipelined gather rounds ran 1.3-2x faster at 256 KiB-16 MiB. So by default
 // (kSingleCopyAuto) Create times both ways of each call on every rank and keeps the faster.
 // With ranks outnumbering cores (P = 4, 8 here) the single copy was no faster for gathers and
-// up to 1.4x slower for allreduces (MpiBackend then asks for none), and broadcasts this way
-// (every receiver reading the root's pages at once) ran 1.6-2.5x slower at every P, so
-// Broadcast keeps the window.
+// up to 1.4x slower for allreduces, so kSingleCopyAuto keeps the window for them there.
+//
+// Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores, from
+// kDirectBroadcastMinBytes up to kStreamOutputBytes): the root puts its buffer's address in its
+// descriptor and arrives; a receiver arrives, waits for the root's arrival alone, checks the
+// root's descriptor against its own (as for a broadcast of one piece), reads the whole buffer
+// with one process_vm_readv and marks its descriptor copied (waking the root). The root waits
+// for every rank's arrival and checks every descriptor (a receiver that disagrees fails the
+// call on the root and on itself), then for every receiver's mark: its buffer is theirs until
+// then. A receiver returns as soon as it has its data, and the receivers that matched the root
+// learn of another rank's disagreement at their next call (Defer), as after a broadcast of one
+// piece. A read that fails fails that receiver and the root, naming it; the receivers that
+// read the data return OK. Every rank arrives once per call whatever happens, as a broadcast
+// through the window does when it fails, so ranks that took different ways because their
+// counts differ all fail the call without waiting for a step another will not make. With P
+// ranks on fewer cores this moves P - 1 copies of the buffer instead of the window's P, each in
+// one piece instead of 512 KiB pieces in step with the root. Waiting for every rank before
+// reading (Enter) made it 1.7-1.9x slower at P = 8, 1-4 MiB, and a form that also waited for
+// every rank after reading ran 1.6-2.5x slower than the window: with more ranks than cores a
+// receiver that is done should not wait for the others.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
 // every peer's count: spin for up to 5 us where ranks have cores and the peer last arrived on
@@ -130,6 +147,13 @@ constexpr size_t kDirectReduceMaxBytes = size_t{16} << 20;
 // the timed runs of each (after two untimed ones).
 constexpr size_t kAutoProbeBytes = size_t{1} << 20;
 constexpr int kTimedRuns = 3;
+// Where ranks outnumber cores, broadcasts from this size up to kStreamOutputBytes read the
+// root's buffer (see "Single-copy Broadcast"). Measured here (4 and 8 ranks on 2 cores,
+// osu_broadcast, mean over ranks, two alternated runs, bench/RESULTS.md tenth pass): at
+// 2-16 MiB the single copy ran 1.03-2.1x faster than the window at P = 8, and at P = 4 even
+// at 2-8 MiB and 1.2-1.3x faster at 16 MiB; at 256 KiB-1 MiB the two were about even; at 32
+// and 64 MiB the window, with its streaming stores, ran 1.2-1.85x faster.
+constexpr size_t kDirectBroadcastMinBytes = size_t{2} << 20;
 // A broadcast moves pieces of at most this size, paced by its root (see Broadcast). On the
 // development VM (2 cores, osu_broadcast --no-peer, 3-5 runs each, bench/RESULTS.md) 512 KiB
 // pieces against whole 1 MiB slots: P = 2 at 2 / 8 MiB 62-119 / 234-295 us against 256-266 /
@@ -184,6 +208,9 @@ struct ShmCollectives::Descriptor : Stamp {
   uint64_t target;  // AllReduce only: the address of this rank's output
   int32_t copy_errno;
   int32_t copy_from;
+  // Broadcast in single copy: a receiver's mark that it has read the root's buffer in this
+  // call (Copied(index)), once copy_errno and copy_from hold its outcome.
+  uint32_t copied;
   // 1 where this rank's bad status is a failure it carries from its previous call (Enter),
   // not its own arguments' (see Begin). Not compared.
   int32_t carried;
@@ -376,11 +403,27 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   s->yield_s_ = 200e-6;
   s->single_copy_requested_ = single_copy_bytes;
   const bool automatic = single_copy_bytes == kSingleCopyAuto;
+  // Every rank of the window counts the same cores (one node, one count for the system).
+  const bool crowded = cores > 0 && size > cores;
   if (single_copy_bytes > 0 && size > 1) {
     PSD_CHECK(s->ProbeSingleCopy());
-    if (s->single_copy_note_.empty()) {
-      s->single_copy_bytes_ = automatic ? kAutoSingleCopyBytes : single_copy_bytes;
-      s->single_copy_reduce_bytes_ = s->single_copy_bytes_;
+    if (s->single_copy_note_.empty() && !automatic) {
+      s->single_copy_bytes_ = single_copy_bytes;
+      s->single_copy_reduce_bytes_ = single_copy_bytes;
+      s->single_copy_bcast_bytes_ = single_copy_bytes;
+    } else if (s->single_copy_note_.empty() && crowded) {
+      // With more ranks than cores the single-copy allgather and allreduce were no faster than
+      // the window (up to 1.4x slower), and the single-copy broadcast faster from 2 MiB (see
+      // kDirectBroadcastMinBytes); nothing to measure.
+      s->single_copy_bcast_bytes_ = kDirectBroadcastMinBytes;
+      s->single_copy_note_ = StrCat("ranks outnumber cores (", size, " on ", cores,
+                                    "): allgathers and allreduces through the window, "
+                                    "broadcasts from ", kDirectBroadcastMinBytes >> 20,
+                                    " MiB in single copy");
+      PSD_LOG(kInfo, "ShmCollectives: ", s->single_copy_note_);
+    } else if (s->single_copy_note_.empty()) {
+      s->single_copy_bytes_ = kAutoSingleCopyBytes;
+      s->single_copy_reduce_bytes_ = kAutoSingleCopyBytes;
     }
   }
   MPI_Win_sync(s->win_);
@@ -858,6 +901,10 @@ Status ShmCollectives::FinishSingleCopy(const char* call, const Interrupt* inter
   mine->copy_from = from;
   PSD_CHECK(Sync(call, interrupt));
   // Every rank reads the same outcomes, so every rank returns the same status.
+  return CopyOutcome(call, index);
+}
+
+Status ShmCollectives::CopyOutcome(const char* call, uint64_t index) const {
   for (int r = 0; r < size_; ++r) {
     const Descriptor* d = Desc(r, index);
     if (d->copy_errno == 0) continue;
@@ -1191,6 +1238,10 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   // A failure carried from this rank's previous call fails this one on every rank (Enter).
   if (!a.local.ok() || !local.ok() || count == 0 || !deferred_.ok()) return Enter(a, interrupt);
   const size_t bytes = count * DTypeSize(dtype);
+  if (single_copy_bcast_bytes_ > 0 && bytes >= single_copy_bcast_bytes_ &&
+      bytes < kStreamOutputBytes) {
+    return BroadcastDirect(buf, bytes, root, interrupt, a);
+  }
   static_assert(sizeof(Stamp) <= kStampBytes, "stamp larger than its place");
   const size_t piece = std::min(slot_bytes_ - kStampBytes, kBroadcastPieceBytes);
   const size_t pieces = Parts(bytes, piece);
@@ -1256,6 +1307,109 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   // receiver's next broadcast from the same root; a broadcast of one piece is checked there
   // too, except by a receiver whose only peer is the root.
   Defer(arrival, index, pieces == 1 && (rank_ == root || size_ > 2), root);
+  return Status::Ok();
+}
+
+namespace {
+// A receiver's mark in its descriptor of call `index` (never 0, and never an earlier call's
+// mark left in the same place).
+uint32_t Copied(uint64_t index) { return static_cast<uint32_t>(index) + 1; }
+}  // namespace
+
+Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
+                                       const Interrupt* interrupt, const CollectiveArgs& a) {
+  const uint64_t index = calls_;
+  Descriptor* own = Desc(rank_, index);
+  own->source = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(buf));
+  own->copy_errno = 0;
+  own->copy_from = -1;
+  __atomic_store_n(&own->copied, 0u, __ATOMIC_RELAXED);
+  Publish(a);
+  const uint32_t arrival = Arrive();
+  ++calls_;
+  if (rank_ == root) {
+    // Every descriptor first: a receiver that disagrees fails here, on every rank, before
+    // this rank waits for reads that will not come.
+    PSD_CHECK(Await(a.call, interrupt, arrival, -1));
+    Status verdict = Verdict(a, index);
+    if (!verdict.ok()) return FailedStages(verdict);
+    // Then every receiver's read: the buffer is theirs to read until then.
+    PSD_CHECK(AwaitCopied(a.call, interrupt, index, root));
+    ++stage_;
+    return CopyOutcome(a.call, index);
+  }
+  if (!Arrived(root, arrival)) PSD_CHECK(Await(a.call, interrupt, arrival, root));
+  const Descriptor* from = Desc(root, index);
+  if (!from->Alike(*own)) {
+    // Rare: wait for every rank and reach the verdict the others reach.
+    PSD_CHECK(Await(a.call, interrupt, arrival, -1));
+    return FailedStages(Verdict(a, index));
+  }
+  const int err = ReadPeer(pids_[static_cast<size_t>(root)], buf, from->source, bytes);
+  own->copy_errno = err;
+  own->copy_from = err != 0 ? root : -1;
+  __atomic_store_n(&own->copied, Copied(index), __ATOMIC_RELEASE);
+  FutexWakeAll(&own->copied);
+  ++stage_;
+  // The other receivers' descriptors are checked at the next call (the root checks them in
+  // this one): the way of a broadcast of one piece.
+  Defer(arrival, index, true, -1);
+  if (err != 0) {
+    return BackendError(a.call, ": node rank ", rank_, " could not read node rank ", root,
+                        "'s buffer (process_vm_readv: ", std::strerror(err),
+                        "); expected a buffer of the agreed size on every rank");
+  }
+  return Status::Ok();
+}
+
+Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt, uint64_t index,
+                                   int root) {
+  const uint32_t want = Copied(index);
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < size_; ++r) {
+    if (r == root) continue;
+    uint32_t* word = &Desc(r, index)->copied;
+    uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    // A read of megabytes takes a while: yield the core to the readers, then sleep.
+    if (seen != want && yield_s_ > 0) {
+      auto yield_start = std::chrono::steady_clock::now();
+      do {
+        sched_yield();
+        seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+      } while (seen != want && Seconds(yield_start) < yield_s_);
+    }
+    while (seen != want) {
+      if (Left(Word(Counter(r)))) {
+        failure_ = AbortedError(call, ": node rank ", r, " left (freed its shared-memory window) "
+                                "while rank ", rank_, " waited for it to read this rank's "
+                                "broadcast buffer");
+        return failure_;
+      }
+      if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
+        std::string missing;
+        for (int q = 0; q < size_; ++q) {
+          if (q != root && __atomic_load_n(&Desc(q, index)->copied, __ATOMIC_ACQUIRE) != want) {
+            missing += StrCat(missing.empty() ? "" : ", ", q);
+          }
+        }
+        failure_ = TimeoutError(call, ": rank ", rank_, " waited ", timeout_s_,
+                                " s (POSEIDON_SHM_TIMEOUT_S) for node ranks ", missing,
+                                " to read its broadcast buffer; a peer is stuck or died");
+        return failure_;
+      }
+      // The receiver wakes every sleeper on the word after marking it; 50 ms bounds a missed
+      // wake-up (10 ms under an interrupt).
+      FutexWait(word, seen, interrupt ? 10000000L : 50000000L);
+      seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+      if (seen != want && interrupt != nullptr) {
+        Status st = interrupt->Check();
+        if (!st.ok()) {
+          failure_ = st.WithPrefix(StrCat(call, ": "));
+          return failure_;
+        }
+      }
+    }
+  }
   return Status::Ok();
 }
 

@@ -55,7 +55,10 @@
 // window's sums). With kSingleCopyAuto, Create times both ways of each (an allgather and an
 // allreduce of 1 MiB) and keeps the single copy for the ones it ran faster on every rank
 // (single_copy_note says what it measured): on the development VM's Intel CPU it won for both,
-// on its AMD CPU the window's allgather was faster.
+// on its AMD CPU the window's allgather was faster. Where ranks outnumber cores kSingleCopyAuto
+// instead leaves allgathers and allreduces to the window and reads broadcasts of 2-32 MiB
+// straight from the root's buffer (see "Single-copy Broadcast" in shm_collectives.cc): a
+// receiver returns once it has the data, the root once every receiver has read it.
 //
 // Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the
 // usual parameter and object broadcasts, every small one). The root copies its buffer into its
@@ -122,9 +125,10 @@ class ShmCollectives {
   // comm spans more than one node (the caller then uses plain MPI), kInvalidArgument when
   // chunk_bytes < 4096, kMismatch when ranks pass different chunk sizes or single-copy
   // thresholds, kBackendError when MPI cannot allocate the window. timeout_s <= 0 waits forever.
-  // single_copy_bytes: the smallest AllGather(V) (bytes of the gathered buffer) and AllReduce
-  // read straight from the peers' memory (see "Single copy" above); 0: never; kSingleCopyAuto:
-  // from kAutoSingleCopyBytes, for the calls on which Create measured it faster.
+  // single_copy_bytes: the smallest AllGather(V) (bytes of the gathered buffer), AllReduce and
+  // Broadcast read straight from the peers' memory (see "Single copy" above); 0: never;
+  // kSingleCopyAuto: where every rank has a core, from kAutoSingleCopyBytes for the calls on
+  // which Create measured it faster; where ranks outnumber cores, broadcasts from 2 MiB.
   static Result<std::unique_ptr<ShmCollectives>> Create(MPI_Comm comm, size_t chunk_bytes,
                                                         double timeout_s,
                                                         size_t single_copy_bytes = 0);
@@ -192,6 +196,7 @@ class ShmCollectives {
   // when the probe turned it off (single_copy_note() then says why).
   size_t single_copy_requested() const { return single_copy_requested_; }
   size_t single_copy_bytes() const { return single_copy_bytes_; }
+  size_t single_copy_bcast_bytes() const { return single_copy_bcast_bytes_; }
   // The smallest AllReduce read straight from the peers (0: never).
   size_t single_copy_reduce_bytes() const { return single_copy_reduce_bytes_; }
   const std::string& single_copy_note() const { return single_copy_note_; }
@@ -291,6 +296,14 @@ class ShmCollectives {
   // AllReduce in single copy (see the top of shm_collectives.cc): each rank sums its shard
   // from its peers' inputs, read in blocks with process_vm_readv, into its own output; Sync;
   // each rank reads every peer's summed shard out of that peer's output.
+  // Single-copy Broadcast (see "Single-copy Broadcast" in shm_collectives.cc): every receiver
+  // reads the root's buffer with process_vm_readv; the root waits until every receiver is done.
+  Status BroadcastDirect(void* buf, size_t bytes, int root, const Interrupt* interrupt,
+                         const CollectiveArgs& a);
+  // The root's wait in BroadcastDirect: until every receiver has marked call `index` copied.
+  Status AwaitCopied(const char* call, const Interrupt* interrupt, uint64_t index, int root);
+  // The first read failure a rank recorded in its descriptor of call `index`, or OK.
+  Status CopyOutcome(const char* call, uint64_t index) const;
   Status ReduceDirect(const void* send, void* recv, size_t count, DType dtype,
                       const Interrupt* interrupt, const CollectiveArgs& a);
 
@@ -309,6 +322,7 @@ class ShmCollectives {
   uint64_t knobs_hash_ = 0;  // of knobs_, in every descriptor (0 while knobs_ is all zero)
   size_t single_copy_bytes_ = 0;  // AllGather(V); 0: the single-copy path is off
   size_t single_copy_reduce_bytes_ = 0;  // AllReduce; 0: off
+  size_t single_copy_bcast_bytes_ = 0;  // Broadcast; 0: off
   std::string single_copy_note_;
   std::vector<int> pids_;  // every node rank's process id (single copy only)
   std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer

@@ -279,8 +279,119 @@ TEST_F(ShmSingleCopy, UnreadableInputOnOneRankFailsEveryAllReduceAlike) {
   EXPECT_TRUE(OnEveryRank(std::all_of(sum.begin(), sum.end(), [&](float v) { return v == want; })));
 }
 
-// The default (kSingleCopyAuto): Create times both ways and keeps, on every rank alike, the
-// single copy for the calls it ran faster; each call then gives the window's exact results.
+// The single-copy broadcast, root's side: the root's buffer cannot be read (it never touches
+// it itself in this path). Every receiver fails naming the root, the root fails naming its
+// first receiver, nothing crashes, and the next broadcast and allreduce are exact.
+TEST_F(ShmSingleCopy, UnreadableRootBufferFailsEveryBroadcastRank) {
+  const int p = World()->size(), me = World()->rank(), root = p - 1;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = 4 * page, n = bytes / sizeof(float);
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  float* buf = static_cast<float*>(map);
+  std::fill_n(buf, n, me == root ? 7.0f : -1.0f);
+  // Only the last page: the receivers' reads fail part-way through.
+  if (me == root) {
+    ASSERT_EQ(mprotect(static_cast<unsigned char*>(map) + 3 * page, page, PROT_NONE), 0);
+  }
+  Status st = shm_->Broadcast(buf, n, DType::kFloat32, root);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kBackendError)) << st.ToString();
+  const int named = me == root ? 0 : me;
+  EXPECT_NE(st.message().find(StrCat("node rank ", named, " could not read node rank ", root,
+                                     "'s buffer (process_vm_readv")),
+            std::string::npos)
+      << st.message();
+  munmap(map, bytes);
+  std::vector<float> good(n + 3, me == 0 ? 5.0f : -1.0f);
+  ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(good.data(), n + 3, DType::kFloat32, 0)));
+  EXPECT_TRUE(OnEveryRank(std::all_of(good.begin(), good.end(), [](float v) { return v == 5.0f; })));
+  std::vector<float> x(9, 1.0f), y(9);
+  ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(x.data(), y.data(), 9, DType::kFloat32)));
+  EXPECT_TRUE(OnEveryRank(y[8] == static_cast<float>(p)));
+}
+
+// The single-copy broadcast, a receiver's side: its own buffer cannot be written (read-only
+// pages). That receiver and the root fail, naming it; the other receivers have the root's data
+// and return OK; nothing is carried into the next call, which is exact on every rank.
+TEST_F(ShmSingleCopy, UnwritableBufferOnOneReceiverFailsItAndTheRoot) {
+  const int p = World()->size(), me = World()->rank(), bad = p - 1;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = 2 * page, n = bytes / sizeof(float);
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  float* buf = static_cast<float*>(map);
+  std::fill_n(buf, n, me == 0 ? 3.0f : -1.0f);
+  if (me == bad) {
+    ASSERT_EQ(mprotect(map, bytes, PROT_READ), 0);
+  }
+  Status st = shm_->Broadcast(buf, n, DType::kFloat32, 0);
+  if (me == 0 || me == bad) {
+    EXPECT_EQ(st.code(), StatusCode::kBackendError) << st.ToString();
+    EXPECT_NE(st.message().find(StrCat("node rank ", bad, " could not read node rank 0's buffer")),
+              std::string::npos)
+        << st.message();
+  } else {
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(std::all_of(buf, buf + n, [](float v) { return v == 3.0f; }));
+  }
+  munmap(map, bytes);
+  std::vector<float> x(9, 1.0f), y(9);
+  ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(x.data(), y.data(), 9, DType::kFloat32)));
+  EXPECT_TRUE(OnEveryRank(y[8] == static_cast<float>(p)));
+}
+
+// Counts that differ across ranks where the single-copy broadcast starts (here 64 KiB) put ranks
+// on different paths: the root and the odd rank fail in the call, whichever path each took, and
+// nobody waits for a step another rank will not make. Receivers that matched a single-copy
+// root have its data and fail their next call with the root's failure (a one-piece broadcast's
+// way); after that the window is in step.
+TEST(ShmSingleCopyBroadcast, CountOnOneRankOnTheOtherPathFailsWithoutAHang) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto s = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0, size_t{64} << 10);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::unique_ptr<ShmCollectives> shm = std::move(s).value();
+  if (shm->single_copy_bcast_bytes() == 0) {
+    GTEST_SKIP() << "this kernel refuses the single-copy path: " << shm->single_copy_note();
+  }
+  const int p = World()->size(), me = World()->rank();
+  const bool odd = me == p - 1;
+  const size_t direct = (size_t{96} << 10) / sizeof(float), window = 3000;  // 12000 B: 2 pieces
+  for (bool root_direct : {true, false}) {
+    const size_t mine = odd == root_direct ? window : direct;
+    std::vector<float> b(std::max(direct, window), me == 0 ? 4.0f : -1.0f);
+    Status st = shm->Broadcast(b.data(), mine, DType::kFloat32, 0);
+    // Matched a single-copy root: a receiver that read it (only with one more rank).
+    const bool matched = root_direct && me != 0 && !odd;
+    if (matched) {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      EXPECT_TRUE(std::all_of(b.begin(), b.begin() + static_cast<long>(direct),
+                              [](float v) { return v == 4.0f; }));
+    } else {
+      EXPECT_EQ(st.code(), StatusCode::kMismatch) << st.ToString();
+      EXPECT_NE(st.message().find("element count differs across ranks"), std::string::npos)
+          << st.message();
+    }
+    std::vector<float> x(9, 1.0f), y(9);
+    st = shm->AllReduce(x.data(), y.data(), 9, DType::kFloat32);
+    if (root_direct && p > 2) {
+      EXPECT_TRUE(OnEveryRank(!st.ok())) << st.ToString();
+      EXPECT_NE(st.message().find("element count differs across ranks"), std::string::npos)
+          << st.message();
+      st = shm->AllReduce(x.data(), y.data(), 9, DType::kFloat32);
+    }
+    ASSERT_TRUE(OkOnEveryRank(st));
+    EXPECT_TRUE(OnEveryRank(y[8] == static_cast<float>(p)));
+  }
+  // And a good single-copy broadcast from another root.
+  std::vector<float> c(direct, me == p - 1 ? 6.0f : -1.0f);
+  ASSERT_TRUE(OkOnEveryRank(shm->Broadcast(c.data(), direct, DType::kFloat32, p - 1)));
+  EXPECT_TRUE(OnEveryRank(std::all_of(c.begin(), c.end(), [](float v) { return v == 6.0f; })));
+}
+
+// The default (kSingleCopyAuto): where every rank has a core, Create times both ways and keeps,
+// on every rank alike, the single copy for the calls it ran faster; where ranks outnumber cores
+// it keeps the window for allgathers and allreduces and takes the single copy for broadcasts
+// from 2 MiB. Each call then gives exact results.
 TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
   if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
   auto s = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0,
@@ -293,13 +404,23 @@ TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
       note.find("probe failed") != std::string::npos) {
     GTEST_SKIP() << "this kernel refuses the single-copy path: " << note;
   }
-  EXPECT_NE(note.find("measured at creation"), std::string::npos) << note;
-  const size_t on = ShmCollectives::kAutoSingleCopyBytes;
-  uint64_t ways[2] = {shm->single_copy_bytes(), shm->single_copy_reduce_bytes()};
-  EXPECT_TRUE(ways[0] == 0 || ways[0] == on) << ways[0];
-  EXPECT_TRUE(ways[1] == 0 || ways[1] == on) << ways[1];
-  EXPECT_TRUE(SameOnEveryRank(ways, sizeof(ways))) << note;
   const int p = World()->size(), me = World()->rank();
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const size_t on = ShmCollectives::kAutoSingleCopyBytes;
+  uint64_t ways[3] = {shm->single_copy_bytes(), shm->single_copy_reduce_bytes(),
+                      shm->single_copy_bcast_bytes()};
+  if (cores > 0 && p > cores) {
+    EXPECT_NE(note.find("ranks outnumber cores"), std::string::npos) << note;
+    EXPECT_EQ(ways[0], 0u);
+    EXPECT_EQ(ways[1], 0u);
+    EXPECT_EQ(ways[2], size_t{2} << 20);
+  } else {
+    EXPECT_NE(note.find("measured at creation"), std::string::npos) << note;
+    EXPECT_TRUE(ways[0] == 0 || ways[0] == on) << ways[0];
+    EXPECT_TRUE(ways[1] == 0 || ways[1] == on) << ways[1];
+    EXPECT_EQ(ways[2], 0u);
+  }
+  EXPECT_TRUE(SameOnEveryRank(ways, sizeof(ways))) << note;
   const size_t n = (size_t{3} << 20) / sizeof(float) + 5;
   std::vector<float> in(n), out(n);
   for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>((me + 1) * (i % 97));
@@ -315,6 +436,14 @@ TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
   for (size_t i = 0; i < all.size() && exact; ++i) {
     exact = all[i] == static_cast<float>((i / n + 1) * ((i % n) % 97));
   }
+  EXPECT_TRUE(OnEveryRank(exact));
+  // A broadcast of 3 MiB and a bit from the last rank (single copy where ranks outnumber cores).
+  const int root = p - 1;
+  std::vector<float> b(n, -1.0f);
+  if (me == root) b = in;
+  ASSERT_TRUE(OkOnEveryRank(shm->Broadcast(b.data(), n, DType::kFloat32, root)));
+  exact = true;
+  for (size_t i = 0; i < n && exact; ++i) exact = b[i] == static_cast<float>(p * (i % 97));
   EXPECT_TRUE(OnEveryRank(exact));
 }
 
