@@ -73,7 +73,7 @@
 // up to 1.4x slower for allreduces, so kSingleCopyAuto keeps the window for them there.
 //
 // Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores, from
-// kDirectBroadcastMinBytes up to kStreamOutputBytes): the root puts its buffer's address in its
+// kAutoBroadcastSingleCopyBytes up to kStreamOutputBytes): the root puts its buffer's address in its
 // descriptor and arrives; a receiver arrives, waits for the root's arrival alone, checks the
 // root's descriptor against its own (as for a broadcast of one piece), reads the whole buffer
 // with one process_vm_readv and marks its descriptor copied (waking the root). The root waits
@@ -147,13 +147,13 @@ constexpr size_t kDirectReduceMaxBytes = size_t{16} << 20;
 // the timed runs of each (after two untimed ones).
 constexpr size_t kAutoProbeBytes = size_t{1} << 20;
 constexpr int kTimedRuns = 3;
-// Where ranks outnumber cores, broadcasts from this size up to kStreamOutputBytes read the
-// root's buffer (see "Single-copy Broadcast"). Measured here (4 and 8 ranks on 2 cores,
-// osu_broadcast, mean over ranks, two alternated runs, bench/RESULTS.md tenth pass): at
-// 2-16 MiB the single copy ran 1.03-2.1x faster than the window at P = 8, and at P = 4 even
-// at 2-8 MiB and 1.2-1.3x faster at 16 MiB; at 256 KiB-1 MiB the two were about even; at 32
-// and 64 MiB the window, with its streaming stores, ran 1.2-1.85x faster.
-constexpr size_t kDirectBroadcastMinBytes = size_t{2} << 20;
+// Where ranks outnumber cores, broadcasts from ShmCollectives::kAutoBroadcastSingleCopyBytes
+// (1 MiB) up to kStreamOutputBytes read the root's buffer (see "Single-copy Broadcast").
+// Measured here (4 and 8 ranks on 2 cores, osu_broadcast, mean over ranks, two alternated
+// runs, bench/RESULTS.md tenth pass): at 1-16 MiB the single copy ran 1.03-2.1x faster than
+// the window at P = 8, and at P = 4 even at 1-8 MiB and 1.2-1.3x faster at 16 MiB; at 512 KiB
+// the window was as fast at P = 8 and 1.4x faster at P = 4; at 32 and 64 MiB the window, with
+// its streaming stores, ran 1.2-1.85x faster.
 // A broadcast moves pieces of at most this size, paced by its root (see Broadcast). On the
 // development VM (2 cores, osu_broadcast --no-peer, 3-5 runs each, bench/RESULTS.md) 512 KiB
 // pieces against whole 1 MiB slots: P = 2 at 2 / 8 MiB 62-119 / 234-295 us against 256-266 /
@@ -413,12 +413,12 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
       s->single_copy_bcast_bytes_ = single_copy_bytes;
     } else if (s->single_copy_note_.empty() && crowded) {
       // With more ranks than cores the single-copy allgather and allreduce were no faster than
-      // the window (up to 1.4x slower), and the single-copy broadcast faster from 2 MiB (see
-      // kDirectBroadcastMinBytes); nothing to measure.
-      s->single_copy_bcast_bytes_ = kDirectBroadcastMinBytes;
+      // the window (up to 1.4x slower), and the single-copy broadcast faster from 1 MiB (see
+      // kAutoBroadcastSingleCopyBytes); nothing to measure.
+      s->single_copy_bcast_bytes_ = kAutoBroadcastSingleCopyBytes;
       s->single_copy_note_ = StrCat("ranks outnumber cores (", size, " on ", cores,
                                     "): allgathers and allreduces through the window, "
-                                    "broadcasts from ", kDirectBroadcastMinBytes >> 20,
+                                    "broadcasts from ", kAutoBroadcastSingleCopyBytes >> 20,
                                     " MiB in single copy");
       PSD_LOG(kInfo, "ShmCollectives: ", s->single_copy_note_);
     } else if (s->single_copy_note_.empty()) {

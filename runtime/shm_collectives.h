@@ -56,7 +56,7 @@
 // allreduce of 1 MiB) and keeps the single copy for the ones it ran faster on every rank
 // (single_copy_note says what it measured): on the development VM's Intel CPU it won for both,
 // on its AMD CPU the window's allgather was faster. Where ranks outnumber cores kSingleCopyAuto
-// instead leaves allgathers and allreduces to the window and reads broadcasts of 2-32 MiB
+// instead leaves allgathers and allreduces to the window and reads broadcasts of 1-32 MiB
 // straight from the root's buffer (see "Single-copy Broadcast" in shm_collectives.cc): a
 // receiver returns once it has the data, the root once every receiver has read it.
 //
@@ -121,6 +121,8 @@ class ShmCollectives {
  public:
   static constexpr size_t kSingleCopyAuto = SIZE_MAX;
   static constexpr size_t kAutoSingleCopyBytes = size_t{64} << 10;
+  // kSingleCopyAuto where ranks outnumber cores: the smallest broadcast read from the root.
+  static constexpr size_t kAutoBroadcastSingleCopyBytes = size_t{1} << 20;
   // Collective over comm (every rank must call it). Returns kUnavailable on every rank when
   // comm spans more than one node (the caller then uses plain MPI), kInvalidArgument when
   // chunk_bytes < 4096, kMismatch when ranks pass different chunk sizes or single-copy
@@ -128,7 +130,8 @@ class ShmCollectives {
   // single_copy_bytes: the smallest AllGather(V) (bytes of the gathered buffer), AllReduce and
   // Broadcast read straight from the peers' memory (see "Single copy" above); 0: never;
   // kSingleCopyAuto: where every rank has a core, from kAutoSingleCopyBytes for the calls on
-  // which Create measured it faster; where ranks outnumber cores, broadcasts from 2 MiB.
+  // which Create measured it faster; where ranks outnumber cores, broadcasts from
+  // kAutoBroadcastSingleCopyBytes.
   static Result<std::unique_ptr<ShmCollectives>> Create(MPI_Comm comm, size_t chunk_bytes,
                                                         double timeout_s,
                                                         size_t single_copy_bytes = 0);

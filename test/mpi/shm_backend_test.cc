@@ -391,7 +391,7 @@ TEST(ShmSingleCopyBroadcast, CountOnOneRankOnTheOtherPathFailsWithoutAHang) {
 // The default (kSingleCopyAuto): where every rank has a core, Create times both ways and keeps,
 // on every rank alike, the single copy for the calls it ran faster; where ranks outnumber cores
 // it keeps the window for allgathers and allreduces and takes the single copy for broadcasts
-// from 2 MiB. Each call then gives exact results.
+// from 1 MiB. Each call then gives exact results.
 TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
   if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
   auto s = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0,
@@ -413,7 +413,7 @@ TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
     EXPECT_NE(note.find("ranks outnumber cores"), std::string::npos) << note;
     EXPECT_EQ(ways[0], 0u);
     EXPECT_EQ(ways[1], 0u);
-    EXPECT_EQ(ways[2], size_t{2} << 20);
+    EXPECT_EQ(ways[2], ShmCollectives::kAutoBroadcastSingleCopyBytes);
   } else {
     EXPECT_NE(note.find("measured at creation"), std::string::npos) << note;
     EXPECT_TRUE(ways[0] == 0 || ways[0] == on) << ways[0];
