@@ -422,7 +422,7 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
                                     " MiB in single copy");
       PSD_LOG(kInfo, "ShmCollectives: ", s->single_copy_note_);
     } else if (s->single_copy_note_.empty()) {
-      s->single_copy_bytes_ = kAutoSingleCopyBytes;
+      s->single_copy_bytes_ = kAutoGatherSingleCopyBytes;
       s->single_copy_reduce_bytes_ = kAutoSingleCopyBytes;
     }
   }
