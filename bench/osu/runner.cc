@@ -4,9 +4,9 @@
 //      alike; rank 0 reports it after MPI init);
 //   2. the header (report.h): bench/common's preamble, the thread level, sizes and columns;
 //   3. for each size, doubling from MIN to MAX: Prepare on every rank (agreed: one rank's
-//      failure stops all), then for ours and for the peer: warm-up runs, timed runs (poison,
-//      barrier, time one run, check every element), reduce the figures across ranks; before
-//      the first size, untimed runs of both (Settle);
+//      failure stops all), untimed runs of both columns in turn (Settle), then for ours and for
+//      the peer: warm-up runs, timed runs (poison, barrier, time one run, check every element),
+//      reduce the figures across ranks;
 //   4. a row with both figures and the busbw ratio; the exit status says whether every result
 //      was right.
 #include "bench/osu/runner.h"
@@ -117,7 +117,6 @@ int RunSizes(const Options& opt, const ThreadLevels& levels, Communicator& comm,
   }
 
   int exit_code = 0;
-  bool settled = false;
   const size_t es = DTypeSize(opt.dtype);
   size_t last_count = 0;
   for (size_t req = opt.min_bytes; req <= opt.max_bytes; req = req * 2) {
@@ -133,13 +132,15 @@ int RunSizes(const Options& opt, const ThreadLevels& levels, Communicator& comm,
       Fail(comm.mpi_comm(), program,
            InternalError("another rank failed to prepare ", bytes, " bytes"));
     }
-    if (!settled && opt.warmup != 0) {
-      // The first size runs right after start-up, while the scheduler still moves the ranks
-      // between cores: untimed, both columns run as many calls as they will time, so that the
-      // column measured first does not take the settling alone (here the first size of a
-      // -np 2 run came out 1.7 us for ours and 0.5 us for Open MPI in the same mpirun).
+    if (opt.warmup != 0) {
+      // Untimed, both columns in turn run as many calls as they will time, so that the column
+      // measured first does not take the settling alone: right after start-up the scheduler
+      // still moves the ranks between cores (the first size of a -np 2 run came out 1.7 us
+      // for ours and 0.5 us for Open MPI in the same mpirun), and every size's buffers are
+      // new (P = 2, a 16 MiB allgather: 1735-1753 us for ours measured first against
+      // 1431-1481 us for Open MPI after it, and 1365-1437 against 1356-1416 us with five
+      // warm-up runs each instead of one).
       Settle(opt, ctx, c, peer, bytes, program);
-      settled = true;
     }
     Figures ours = Measure(opt, ctx, c, false, bytes, program);
     Figures theirs;
