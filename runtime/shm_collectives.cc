@@ -47,7 +47,7 @@
 // header). On 2 cores root and receivers copy at the same time, each piece still in cache:
 // 2-4x faster than whole slots in lockstep.
 //
-// Single-copy AllGather(V) (from single_copy_bytes_ up to kStreamOutputBytes): every rank puts
+// Single-copy AllGather(V) (from single_copy_bytes_ below kDirectGatherMaxBytes): every rank puts
 // its input's address in its descriptor and copies its own part; Enter; each rank reads every
 // peer's part with process_vm_readv, peers in the order rank+1, rank+2, ... so that they do not
 // all start on the same one; each rank records its outcome in its descriptor; Sync; every rank
@@ -140,6 +140,11 @@ constexpr size_t kDirectBlockBytes = size_t{64} << 10;
 // ReduceDirect's chunk: every rank's shard of one chunk is summed, then read by its peers, while
 // it is still in the caches.
 constexpr size_t kDirectChunkBytes = size_t{1} << 20;
+// GatherDirect runs below this size. At P = 2 here (osu_allgather, both ways alternated, every
+// size's buffers settled first) a gather of 32 MiB took 3065-3093 us in single copy against
+// 3687-3849 us through the window's streaming rounds (Open MPI's two_proc: 2984-3175 us), and
+// one of 64 MiB 9346-12120 against 8671-8709 us.
+constexpr size_t kDirectGatherMaxBytes = size_t{64} << 20;
 // ReduceDirect runs below this size: at 16 MiB it ran no faster than the window at P = 2 here,
 // at 32 and 64 MiB 1.1-1.4x slower (the window's streaming stores move fewer bytes to memory).
 constexpr size_t kDirectReduceMaxBytes = size_t{16} << 20;
@@ -1099,7 +1104,7 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
   unsigned char* my_out = out + layout.offset(rank_) * es;
   if (count > 0 && my_out != in) std::memmove(my_out, in, count * es);
   if (single_copy_bytes_ > 0 && total * es >= single_copy_bytes_ &&
-      total * es < kStreamOutputBytes) {
+      total * es < kDirectGatherMaxBytes) {
     return GatherDirect(send, recv, layout, dtype, interrupt, a);
   }
   // Rounds of at most kGatherRoundBytes per rank, whatever the slot: a round's copies (mine

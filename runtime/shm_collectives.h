@@ -41,7 +41,7 @@
 // turns non-OK, returns its status ("AllReduce: <message>") and marks the window unusable as
 // well: the peers are left mid-collective, in an unknown state.
 //
-// Single copy: AllGather(V) of at least single_copy_bytes (Create) and below 32 MiB skips the
+// Single copy: AllGather(V) of at least single_copy_bytes (Create) and below 64 MiB skips the
 // window. Every rank puts the address of its input in its call descriptor, and after the
 // agreement each rank reads its peers' inputs straight into its output with process_vm_readv
 // (Linux cross-memory attach: one copy in the kernel instead of a copy into the window and
