@@ -73,23 +73,23 @@
 // up to 1.4x slower for allreduces, so kSingleCopyAuto keeps the window for them there.
 //
 // Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores, from
-// kAutoBroadcastSingleCopyBytes up to kStreamOutputBytes): the root puts its buffer's address in its
-// descriptor and arrives; a receiver arrives, waits for the root's arrival alone, checks the
-// root's descriptor against its own (as for a broadcast of one piece), reads the whole buffer
-// with one process_vm_readv and marks its descriptor copied (waking the root). The root waits
-// for every rank's arrival and checks every descriptor (a receiver that disagrees fails the
-// call on the root and on itself), then for every receiver's mark: its buffer is theirs until
-// then. A receiver returns as soon as it has its data, and the receivers that matched the root
-// learn of another rank's disagreement at their next call (Defer), as after a broadcast of one
-// piece. A read that fails fails that receiver and the root, naming it; the receivers that
-// read the data return OK. Every rank arrives once per call whatever happens, as a broadcast
-// through the window does when it fails, so ranks that took different ways because their
-// counts differ all fail the call without waiting for a step another will not make. With P
-// ranks on fewer cores this moves P - 1 copies of the buffer instead of the window's P, each in
-// one piece instead of 512 KiB pieces in step with the root. Waiting for every rank before
-// reading (Enter) made it 1.7-1.9x slower at P = 8, 1-4 MiB, and a form that also waited for
-// every rank after reading ran 1.6-2.5x slower than the window: with more ranks than cores a
-// receiver that is done should not wait for the others.
+// kAutoBroadcastSingleCopyBytes up to kStreamOutputBytes): the root puts its buffer's address in
+// its descriptor and arrives; a receiver arrives, waits for the root's arrival alone, checks the
+// root's descriptor against its own (as for a broadcast of one piece), reads the whole buffer with
+// one process_vm_readv and marks its descriptor copied (waking the root). The root waits for every
+// rank's arrival and checks every descriptor (a receiver that disagrees fails the call on the root
+// and on itself), then for the mark of every receiver that matched its descriptor (those read
+// whatever the verdict): its buffer is theirs until then. A receiver returns as soon as it has its
+// data, and the receivers that matched the root learn of another rank's disagreement at their next
+// call (Defer), as after a broadcast of one piece. A read that fails fails that receiver and the
+// root, naming it; the receivers that read the data return OK. Every rank arrives once per call
+// whatever happens, as a broadcast through the window does when it fails, so ranks that took
+// different ways because their counts differ all fail the call without waiting for a step another
+// will not make. With P ranks on fewer cores this moves P - 1 copies of the buffer instead of the
+// window's P, each in one piece instead of 512 KiB pieces in step with the root. Waiting for every
+// rank before reading (Enter) made it 1.7-1.9x slower at P = 8, 1-4 MiB, and a form that also
+// waited for every rank after reading ran 1.6-2.5x slower than the window: with more ranks than
+// cores a receiver that is done should not wait for the others.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
 // every peer's count: spin for up to 5 us where ranks have cores and the peer last arrived on
@@ -1333,22 +1333,24 @@ Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
   const uint32_t arrival = Arrive();
   ++calls_;
   if (rank_ == root) {
-    // Every descriptor first: a receiver that disagrees fails here, on every rank, before
-    // this rank waits for reads that will not come.
+    // Every descriptor first (the verdict: a receiver that disagrees fails the call here and
+    // on itself), then the reads of every receiver that matched this rank's descriptor, which
+    // read whatever the verdict: the buffer is theirs until they are done.
     PSD_CHECK(Await(a.call, interrupt, arrival, -1));
     Status verdict = Verdict(a, index);
-    if (!verdict.ok()) return FailedStages(verdict);
-    // Then every receiver's read: the buffer is theirs to read until then.
     PSD_CHECK(AwaitCopied(a.call, interrupt, index, root));
+    if (!verdict.ok()) return FailedStages(verdict);
     ++stage_;
     return CopyOutcome(a.call, index);
   }
   if (!Arrived(root, arrival)) PSD_CHECK(Await(a.call, interrupt, arrival, root));
   const Descriptor* from = Desc(root, index);
   if (!from->Alike(*own)) {
-    // Rare: wait for every rank and reach the verdict the others reach.
+    // Rare: wait for every rank and reach the verdict the others reach (a failure: the root's
+    // descriptor differs from this one).
     PSD_CHECK(Await(a.call, interrupt, arrival, -1));
-    return FailedStages(Verdict(a, index));
+    Status verdict = Verdict(a, index);
+    if (!verdict.ok()) return FailedStages(verdict);
   }
   const int err = ReadPeer(pids_[static_cast<size_t>(root)], buf, from->source, bytes);
   own->copy_errno = err;
@@ -1370,9 +1372,12 @@ Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
 Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt, uint64_t index,
                                    int root) {
   const uint32_t want = Copied(index);
+  const Descriptor* own = Desc(root, index);
+  // The receivers that read: those whose descriptor is the root's (the receiver's own test).
+  auto reads = [&](int r) { return r != root && Desc(r, index)->Alike(*own); };
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < size_; ++r) {
-    if (r == root) continue;
+    if (!reads(r)) continue;
     uint32_t* word = &Desc(r, index)->copied;
     uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     // A read of megabytes takes a while: yield the core to the readers, then sleep.
@@ -1393,7 +1398,7 @@ Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt,
       if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
         std::string missing;
         for (int q = 0; q < size_; ++q) {
-          if (q != root && __atomic_load_n(&Desc(q, index)->copied, __ATOMIC_ACQUIRE) != want) {
+          if (reads(q) && __atomic_load_n(&Desc(q, index)->copied, __ATOMIC_ACQUIRE) != want) {
             missing += StrCat(missing.empty() ? "" : ", ", q);
           }
         }

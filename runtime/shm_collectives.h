@@ -308,7 +308,8 @@ class ShmCollectives {
   // reads the root's buffer with process_vm_readv; the root waits until every receiver is done.
   Status BroadcastDirect(void* buf, size_t bytes, int root, const Interrupt* interrupt,
                          const CollectiveArgs& a);
-  // The root's wait in BroadcastDirect: until every receiver has marked call `index` copied.
+  // The root's wait in BroadcastDirect: until every receiver whose descriptor of call `index`
+  // is the root's has marked it copied.
   Status AwaitCopied(const char* call, const Interrupt* interrupt, uint64_t index, int root);
   // The first read failure a rank recorded in its descriptor of call `index`, or OK.
   Status CopyOutcome(const char* call, uint64_t index) const;
