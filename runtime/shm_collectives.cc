@@ -82,14 +82,17 @@
 // whatever the verdict): its buffer is theirs until then. A receiver returns as soon as it has its
 // data, and the receivers that matched the root learn of another rank's disagreement at their next
 // call (Defer), as after a broadcast of one piece. A read that fails fails that receiver and the
-// root, naming it; the receivers that read the data return OK. Every rank arrives once per call
-// whatever happens, as a broadcast through the window does when it fails, so ranks that took
-// different ways because their counts differ all fail the call without waiting for a step another
-// will not make. With P ranks on fewer cores this moves P - 1 copies of the buffer instead of the
-// window's P, each in one piece instead of 512 KiB pieces in step with the root. Waiting for every
-// rank before reading (Enter) made it 1.7-1.9x slower at P = 8, 1-4 MiB, and a form that also
-// waited for every rank after reading ran 1.6-2.5x slower than the window: with more ranks than
-// cores a receiver that is done should not wait for the others.
+// root, naming it; the receivers that read the data return OK. A root whose wait times out or is
+// interrupted returns with its window broken (as any rank whose wait fails) while receivers may
+// still be reading: if its caller then reuses the buffer, they return OK with data it overwrote;
+// the broken root never arrives again, so their next call fails at its deadline naming it. Every
+// rank arrives once per call whatever happens, as a broadcast through the window does when it
+// fails, so ranks that took different ways because their counts differ all fail the call without
+// waiting for a step another will not make. With P ranks on fewer cores this moves P - 1 copies of
+// the buffer instead of the window's P, each in one piece instead of 512 KiB pieces in step with
+// the root. Waiting for every rank before reading (Enter) made it 1.7-1.9x slower at P = 8, 1-4
+// MiB, and a form that also waited for every rank after reading ran 1.6-2.5x slower than the
+// window: with more ranks than cores a receiver that is done should not wait for the others.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
 // every peer's count: spin for up to 5 us where ranks have cores and the peer last arrived on
@@ -1347,10 +1350,17 @@ Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
   const Descriptor* from = Desc(root, index);
   if (!from->Alike(*own)) {
     // Rare: wait for every rank and reach the verdict the others reach (a failure: the root's
-    // descriptor differs from this one).
+    // descriptor differs from this one). Should every argument agree after all, only the
+    // call's index can differ, which no rank can recover from: fail, without reading (the
+    // root does not wait for a rank whose descriptor differs from its own).
     PSD_CHECK(Await(a.call, interrupt, arrival, -1));
     Status verdict = Verdict(a, index);
-    if (!verdict.ok()) return FailedStages(verdict);
+    if (verdict.ok()) {
+      verdict = InternalError(a.call, ": node rank ", root, "'s call descriptor differs from "
+                              "this rank's although the arguments agree (call index ", index,
+                              "); expected the same calls in the same order on every rank");
+    }
+    return FailedStages(verdict);
   }
   const int err = ReadPeer(pids_[static_cast<size_t>(root)], buf, from->source, bytes);
   own->copy_errno = err;
@@ -1390,6 +1400,10 @@ Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt,
     }
     while (seen != want) {
       if (Left(Word(Counter(r)))) {
+        // Its mark comes before the flag: read the mark once more after seeing it (a receiver
+        // may read, return and destroy its window before this rank looks again).
+        seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if (seen == want) break;
         failure_ = AbortedError(call, ": node rank ", r, " left (freed its shared-memory window) "
                                 "while rank ", rank_, " waited for it to read this rank's "
                                 "broadcast buffer");

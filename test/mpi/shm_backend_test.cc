@@ -392,6 +392,42 @@ TEST(ShmSingleCopyBroadcast, CountOnOneRankOnTheOtherPathFailsWithoutAHang) {
   EXPECT_TRUE(OnEveryRank(std::all_of(c.begin(), c.end(), [](float v) { return v == 6.0f; })));
 }
 
+// Single-copy broadcasts (from 64 KiB here) among window broadcasts of one piece and of
+// several, from the same root in a row and from two roots, exact on every rank; each window
+// ends with a single-copy broadcast after which every rank destroys its object at once, so a
+// receiver may leave while the root still looks for its mark: the root must still return OK.
+TEST(ShmSingleCopyBroadcast, AmongWindowBroadcastsAndRightBeforeTheWindowGoes) {
+  if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
+  const int p = World()->size(), me = World()->rank();
+  size_t wrong = 0, failed = 0;
+  std::string first;
+  for (int round = 0; round < 4; ++round) {
+    auto s = ShmCollectives::Create(World()->mpi_comm(), 8192, 60.0, size_t{64} << 10);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    std::unique_ptr<ShmCollectives> shm = std::move(s).value();
+    if (shm->single_copy_bcast_bytes() == 0) {
+      GTEST_SKIP() << "this kernel refuses the single-copy path: " << shm->single_copy_note();
+    }
+    // 80 KB (single copy), 2 KB (one piece), 20 KB (three pieces); roots 0, 0, last, ...
+    const size_t sizes[] = {20000, 500, 5000};
+    for (int k = 0; k < 7; ++k) {
+      const size_t n = k == 6 ? 20000 : sizes[k % 3];
+      const int root = (k / 2) % 2 == 0 ? 0 : p - 1;
+      auto value = [&](size_t i) { return static_cast<float>(round * 100 + k) + F(i); };
+      std::vector<float> b(n, -1.0f);
+      if (me == root) {
+        for (size_t i = 0; i < n; ++i) b[i] = value(i);
+      }
+      Status st = shm->Broadcast(b.data(), n, DType::kFloat32, root);
+      if (k == 6) shm.reset();  // at once: no call in between
+      if (!st.ok() && failed++ == 0) first = st.ToString();
+      for (size_t i = 0; i < n; ++i) wrong += b[i] != value(i);
+    }
+  }
+  EXPECT_TRUE(OnEveryRank(failed == 0)) << failed << " calls failed; the first: " << first;
+  EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
+}
+
 // The default (kSingleCopyAuto): where every rank has a core, Create times both ways and keeps,
 // on every rank alike, the single copy for the calls it ran faster; where ranks outnumber cores
 // it keeps the window for allgathers and allreduces and takes the single copy for broadcasts
@@ -1004,7 +1040,9 @@ TEST(ShmBackendAgreement, SettingsChangedOnOneRankFailEveryRank) {
     SCOPED_TRACE(StrCat(name, "=", value, " on rank ", p - 1));
     Settings::Global().Reset();
     ASSERT_TRUE(OkOnEveryRank(be.AllReduce(x.data(), y.data(), 8, DType::kFloat32)));
-    if (odd) ASSERT_TRUE(Settings::Global().Set(name, value).ok());
+    if (odd) {
+      ASSERT_TRUE(Settings::Global().Set(name, value).ok());
+    }
     Status st = be.AllReduce(x.data(), y.data(), 8, DType::kFloat32);
     EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
     EXPECT_NE(st.message().find(named), std::string::npos) << st.message();
