@@ -83,9 +83,9 @@
 // call moves one stage on every rank too (a receiver may still be reading the stamp of a
 // broadcast whose root failed its arguments and wrote nothing). A broadcast of several pieces is
 // paced by its root the same way, but every rank checks every descriptor before the second
-// piece, so it fails in the call itself. A ReduceScatter of one round returns the same way on
-// the ranks whose share is empty (most of them in a reduce-scatter of a few elements), its
-// stage kept moved alike. Waiting at Begin also keeps the window's invariant: when a call
+// piece, so it fails in the call itself. Where ranks outnumber cores, a ReduceScatter of one
+// round returns the same way on the ranks whose share is empty (most of them in a
+// reduce-scatter of a few elements), its stage kept moved alike. Waiting at Begin also keeps the window's invariant: when a call
 // starts, every peer has arrived for the previous one's last step, as after a Sync. One
 // exception: a receiver whose next call is another broadcast from the same root skips Begin
 // (it waited for the root's last arrival in the call; the root checks the receivers and, where
@@ -336,6 +336,7 @@ class ShmCollectives {
   std::vector<int> pids_;  // every node rank's process id (single copy only)
   std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer
   double timeout_s_ = 0;
+  bool crowded_ = false;  // more ranks than cores (the same count on every rank)
   double spin_s_ = 0;  // seconds of plain spinning first (0 when ranks outnumber cores)
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep
   bool light_arrivals_ = false;  // plain arrival stores; sleepers run a barrier (see Arrive)
