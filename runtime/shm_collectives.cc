@@ -1046,7 +1046,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       // nothing to receive goes through Enter too: returning early made a reduce-scatter of
       // 4 B at P = 2 (counts {1, 0}) take 0.60-0.64 us against 0.43-0.45 us through Enter
       // (osu_reduce_scatter -m 4:8 -i 20000, two alternated runs each), its next call paying
-      // the settling; at P = 4 on 2 cores, going through Enter made 4 and 8 B 1.3-2x slower.
+      // the settling; at P = 4 on 2 cores, going through Enter made 4 and 8 B 1.2-2.5x slower.
       const uint64_t index = calls_;
       Publish(a);
       const uint32_t arrival = Arrive();
