@@ -416,11 +416,13 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   s->crowded_ = crowded;
   if (single_copy_bytes > 0 && size > 1) {
     PSD_CHECK(s->ProbeSingleCopy());
-    if (s->single_copy_note_.empty() && !automatic) {
+    if (!s->single_copy_note_.empty()) {
+      // The probe turned it off (the note says why).
+    } else if (!automatic) {
       s->single_copy_bytes_ = single_copy_bytes;
       s->single_copy_reduce_bytes_ = single_copy_bytes;
       s->single_copy_bcast_bytes_ = single_copy_bytes;
-    } else if (s->single_copy_note_.empty() && crowded) {
+    } else if (crowded) {
       // With more ranks than cores the single-copy allgather and allreduce were no faster than
       // the window (up to 1.4x slower), and the single-copy broadcast faster from 1 MiB (see
       // kAutoBroadcastSingleCopyBytes); nothing to measure.
@@ -430,7 +432,7 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
                                     "broadcasts from ", kAutoBroadcastSingleCopyBytes >> 20,
                                     " MiB in single copy");
       PSD_LOG(kInfo, "ShmCollectives: ", s->single_copy_note_);
-    } else if (s->single_copy_note_.empty()) {
+    } else {
       s->single_copy_bytes_ = kAutoGatherSingleCopyBytes;
       s->single_copy_reduce_bytes_ = kAutoSingleCopyBytes;
     }
@@ -913,13 +915,19 @@ Status ShmCollectives::FinishSingleCopy(const char* call, const Interrupt* inter
   return CopyOutcome(call, index);
 }
 
+namespace {
+// A single-copy read that failed: node rank `reader` could not read node rank `from`'s buffer.
+Status CopyError(const char* call, int reader, int from, int err) {
+  return BackendError(call, ": node rank ", reader, " could not read node rank ", from,
+                      "'s buffer (process_vm_readv: ", std::strerror(err),
+                      "); expected a buffer of the agreed size on every rank");
+}
+}  // namespace
+
 Status ShmCollectives::CopyOutcome(const char* call, uint64_t index) const {
   for (int r = 0; r < size_; ++r) {
     const Descriptor* d = Desc(r, index);
-    if (d->copy_errno == 0) continue;
-    return BackendError(call, ": node rank ", r, " could not read node rank ", d->copy_from,
-                        "'s buffer (process_vm_readv: ", std::strerror(d->copy_errno),
-                        "); expected a buffer of the agreed size on every rank");
+    if (d->copy_errno != 0) return CopyError(call, r, d->copy_from, d->copy_errno);
   }
   return Status::Ok();
 }
@@ -1378,12 +1386,7 @@ Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
   // The other receivers' descriptors are checked at the next call (the root checks them in
   // this one): the way of a broadcast of one piece.
   Defer(arrival, index, true, -1);
-  if (err != 0) {
-    return BackendError(a.call, ": node rank ", rank_, " could not read node rank ", root,
-                        "'s buffer (process_vm_readv: ", std::strerror(err),
-                        "); expected a buffer of the agreed size on every rank");
-  }
-  return Status::Ok();
+  return err != 0 ? CopyError(a.call, rank_, root, err) : Status::Ok();
 }
 
 Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt, uint64_t index,
