@@ -18,7 +18,8 @@ bool MpiFinalized() {
 }  // namespace
 
 Result<std::unique_ptr<HierAllReduce>> HierAllReduce::Create(MPI_Comm comm, size_t chunk_bytes,
-                                                             double timeout_s, int node) {
+                                                             double timeout_s, int node,
+                                                             size_t single_copy_bytes) {
   int size = 1, rank = 0;
   MPI_Comm_size(comm, &size);
   MPI_Comm_rank(comm, &rank);
@@ -46,7 +47,8 @@ Result<std::unique_ptr<HierAllReduce>> HierAllReduce::Create(MPI_Comm comm, size
   h->nodes_ = size / largest;
   rc = MPI_Comm_split(comm, h->local_rank_, rank, &h->cross_);
   if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: MPI_Comm_split", rc);
-  PSD_ASSIGN_OR_RETURN(h->shm_, ShmCollectives::Create(h->node_, chunk_bytes, timeout_s));
+  PSD_ASSIGN_OR_RETURN(h->shm_,
+                       ShmCollectives::Create(h->node_, chunk_bytes, timeout_s, single_copy_bytes));
   return h;
 }
 

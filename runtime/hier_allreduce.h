@@ -46,8 +46,10 @@ class HierAllReduce {
   // timeout_s are the window's (ShmCollectives::Create). node >= 0: the node this rank counts
   // as on, instead of the ranks it shares memory with (tests emulate several nodes on one
   // machine; ranks given one node must share memory); every rank passes >= 0 or none.
+  // single_copy_bytes: the node window's (ShmCollectives::Create), the same on every rank.
   static Result<std::unique_ptr<HierAllReduce>> Create(MPI_Comm comm, size_t chunk_bytes,
-                                                       double timeout_s, int node = -1);
+                                                       double timeout_s, int node = -1,
+                                                       size_t single_copy_bytes = 0);
   // Frees the window and both communicators; collective like ShmCollectives' destructor.
   ~HierAllReduce();
   HierAllReduce(const HierAllReduce&) = delete;

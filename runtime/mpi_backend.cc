@@ -217,7 +217,10 @@ Result<HierAllReduce*> MpiBackend::BuildHierarchy(const MpiWait& how) {
   PSD_CHECK(MeetBeforeBlocking(how));  // the creation's MPI calls only block
   const Knobs& k = knobs();
   const size_t chunk = k.shm_chunk < 0 ? 0 : static_cast<size_t>(k.shm_chunk);
-  return Adopt(HierAllReduce::Create(comm_, chunk, k.shm_timeout_s), &hier_, &hier_unavailable_);
+  // The node window takes the single-copy setting as the one-node window does (Node).
+  const size_t single = static_cast<size_t>(k.shm_single_copy);
+  return Adopt(HierAllReduce::Create(comm_, chunk, k.shm_timeout_s, -1, single), &hier_,
+               &hier_unavailable_);
 }
 
 Result<bool> MpiBackend::HasHierarchy() {

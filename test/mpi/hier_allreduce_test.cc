@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -59,8 +60,19 @@ std::vector<Split> EvenSplits(int world) {
   return out;
 }
 
-Result<std::unique_ptr<HierAllReduce>> CreateWithNode(int node) {
-  return HierAllReduce::Create(World()->mpi_comm(), kChunk, kTimeoutS, node);
+// Every split paired with every single-copy setting.
+std::vector<std::pair<Split, size_t>> Splits(const std::vector<Split>& splits,
+                                             const std::vector<size_t>& single_copy) {
+  std::vector<std::pair<Split, size_t>> out;
+  for (const Split& s : splits) {
+    for (size_t b : single_copy) out.emplace_back(s, b);
+  }
+  return out;
+}
+
+// single_copy_bytes: the node window's (0: its gathers go through the window).
+Result<std::unique_ptr<HierAllReduce>> CreateWithNode(int node, size_t single_copy_bytes = 0) {
+  return HierAllReduce::Create(World()->mpi_comm(), kChunk, kTimeoutS, node, single_copy_bytes);
 }
 
 // The status is the same kUnavailable on every rank.
@@ -86,9 +98,11 @@ TEST(HierAllReduce, ExactSumsOnEveryEvenSplit) {
     GTEST_SKIP() << "P = " << Size() << " has no split into equal nodes of 2..P/2 ranks";
   }
   const double tri = Size() * (Size() + 1) / 2.0;
-  for (const Split& split : splits) {
-    SCOPED_TRACE(split.name);
-    auto h = CreateWithNode(split.NodeOf(Rank(), Size()));
+  // Each split with the node window's gathers through its slots, and read straight from the
+  // node peers' memory from 4 KiB of the gathered buffer (ShmCollectives' single copy).
+  for (const auto& [split, single] : Splits(splits, {0, 4096})) {
+    SCOPED_TRACE(split.name + (single > 0 ? ", single copy from 4 KiB" : ", through the window"));
+    auto h = CreateWithNode(split.NodeOf(Rank(), Size()), single);
     ASSERT_TRUE(OkOnEveryRank(h.status()));
     EXPECT_EQ((*h)->nodes(), Size() / split.per_node);
     EXPECT_EQ((*h)->local_size(), split.per_node);
