@@ -14,6 +14,7 @@
 #include "runtime/hier_allreduce.h"
 #include "runtime/mpi_backend.h"
 #include "runtime/settings.h"
+#include "runtime/shm_collectives.h"
 #include "test/mpi/rank_checks.h"
 #include "test/mpi/shm_test_util.h"
 #include "test/mpi/typed_buffer.h"
@@ -98,10 +99,14 @@ TEST(HierAllReduce, ExactSumsOnEveryEvenSplit) {
     GTEST_SKIP() << "P = " << Size() << " has no split into equal nodes of 2..P/2 ranks";
   }
   const double tri = Size() * (Size() + 1) / 2.0;
-  // Each split with the node window's gathers through its slots, and read straight from the
-  // node peers' memory from 4 KiB of the gathered buffer (ShmCollectives' single copy).
-  for (const auto& [split, single] : Splits(splits, {0, 4096})) {
-    SCOPED_TRACE(split.name + (single > 0 ? ", single copy from 4 KiB" : ", through the window"));
+  // Each split with the node window's gathers through its slots, read straight from the node
+  // peers' memory from 4 KiB of the gathered buffer (ShmCollectives' single copy), and chosen
+  // as the backend's default does (every node times both ways in its own window, at once).
+  constexpr size_t kAuto = ShmCollectives::kSingleCopyAuto;
+  for (const auto& [split, single] : Splits(splits, {0, 4096, kAuto})) {
+    SCOPED_TRACE(split.name + (single == 0       ? ", through the window"
+                               : single == kAuto ? ", single copy chosen by timing"
+                                                 : ", single copy from 4 KiB"));
     auto h = CreateWithNode(split.NodeOf(Rank(), Size()), single);
     ASSERT_TRUE(OkOnEveryRank(h.status()));
     EXPECT_EQ((*h)->nodes(), Size() / split.per_node);
