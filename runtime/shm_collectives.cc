@@ -295,6 +295,30 @@ inline bool WaiterBarrier() {
 // The rank has left for good: set after its last arrival, so an arrival it has not reached
 // when this reads true will never come.
 inline bool Left(uint32_t* word) { return __atomic_load_n(word + 3, __ATOMIC_ACQUIRE) != 0; }
+// A waiter's second phase: yields the core while polling `word` (seen: its last value) until
+// done(value), until the rank whose arrival word is `arrivals` has left, or for `seconds`.
+// A peer that is runnable gets the core at once, and one that gets there within `seconds` is
+// seen without a futex round trip (whose wake-up costs ~10 us on a virtual machine). Returns
+// the last value read.
+template <typename Done>
+uint32_t YieldPoll(uint32_t* word, uint32_t seen, uint32_t* arrivals, double seconds, Done done) {
+  if (seconds <= 0 || done(seen)) return seen;
+  const auto start = std::chrono::steady_clock::now();
+  do {
+    sched_yield();
+    seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+  } while (!done(seen) && !Left(arrivals) && Seconds(start) < seconds);
+  return seen;
+}
+// The ranks in [lo, hi) for which waiting(rank) holds, as "1, 4, 5" (a timeout's message).
+template <typename Waiting>
+std::string RanksWhere(int lo, int hi, Waiting waiting) {
+  std::string out;
+  for (int r = lo; r < hi; ++r) {
+    if (waiting(r)) out += StrCat(out.empty() ? "" : ", ", r);
+  }
+  return out;
+}
 }  // namespace
 
 Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, size_t chunk_bytes,
@@ -547,6 +571,14 @@ Status ShmCollectives::Sync(const char* call, const Interrupt* interrupt) {
   return Await(call, interrupt, Arrive(), -1);
 }
 
+Status ShmCollectives::Interrupted(const char* call, const Interrupt* interrupt) {
+  if (interrupt == nullptr) return Status::Ok();
+  Status s = interrupt->Check();
+  if (s.ok()) return s;
+  failure_ = s.WithPrefix(StrCat(call, ": "));
+  return failure_;
+}
+
 Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint32_t target,
                              int only) {
   // The clock is read only once a peer is found missing: a Sync whose peers are all there
@@ -573,16 +605,9 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
         }
       } while (!Reached(seen, target) && Seconds(spin_start) < spin_s_);
     }
-    // Then yield the core while polling: a peer that is runnable gets it at once, and one that
-    // arrives within yield_s_ is seen without a futex round trip (whose wake-up costs ~10 us on
-    // a virtual machine).
-    if (yield_s_ > 0 && !Reached(seen, target)) {
-      auto yield_start = std::chrono::steady_clock::now();
-      do {
-        sched_yield();
-        seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-      } while (!Reached(seen, target) && !Left(word) && Seconds(yield_start) < yield_s_);
-    }
+    // Then yield the core while polling.
+    auto reached = [target](uint32_t v) { return Reached(v, target); };
+    seen = YieldPoll(word, seen, word, yield_s_, reached);
     while (!Reached(seen, target)) {
       if (Left(word)) {
         // Its arrivals all come before the flag: read the word once more after seeing it.
@@ -606,20 +631,12 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
       __atomic_fetch_sub(word + 1, 1u, __ATOMIC_SEQ_CST);
       seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
       if (Reached(seen, target)) break;
-      if (interrupt != nullptr) {
-        Status s = interrupt->Check();
-        if (!s.ok()) {
-          failure_ = s.WithPrefix(StrCat(call, ": "));
-          return failure_;
-        }
-      }
+      if (Status st = Interrupted(call, interrupt); !st.ok()) return st;
       if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
-        std::string missing;
-        for (int q = lo; q < hi; ++q) {
-          if (q != rank_ && !Reached(__atomic_load_n(Word(Counter(q)), __ATOMIC_ACQUIRE), target)) {
-            missing += StrCat(missing.empty() ? "" : ", ", q);
-          }
-        }
+        const std::string missing = RanksWhere(lo, hi, [&](int q) {
+          return q != rank_ &&
+                 !Reached(__atomic_load_n(Word(Counter(q)), __ATOMIC_ACQUIRE), target);
+        });
         failure_ = TimeoutError(call, ": rank ", rank_, " waited ", timeout_s_,
                                 " s (POSEIDON_SHM_TIMEOUT_S) at shared-memory step ", target,
                                 " for node ranks ", missing,
@@ -1399,15 +1416,9 @@ Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt,
   for (int r = 0; r < size_; ++r) {
     if (!reads(r)) continue;
     uint32_t* word = &Desc(r, index)->copied;
-    uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     // A read of megabytes takes a while: yield the core to the readers, then sleep.
-    if (seen != want && yield_s_ > 0) {
-      auto yield_start = std::chrono::steady_clock::now();
-      do {
-        sched_yield();
-        seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-      } while (seen != want && Seconds(yield_start) < yield_s_);
-    }
+    uint32_t seen = YieldPoll(word, __atomic_load_n(word, __ATOMIC_ACQUIRE), Word(Counter(r)),
+                              yield_s_, [want](uint32_t v) { return v == want; });
     while (seen != want) {
       if (Left(Word(Counter(r)))) {
         // Its mark comes before the flag: read the mark once more after seeing it (a receiver
@@ -1420,12 +1431,9 @@ Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt,
         return failure_;
       }
       if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
-        std::string missing;
-        for (int q = 0; q < size_; ++q) {
-          if (reads(q) && __atomic_load_n(&Desc(q, index)->copied, __ATOMIC_ACQUIRE) != want) {
-            missing += StrCat(missing.empty() ? "" : ", ", q);
-          }
-        }
+        const std::string missing = RanksWhere(0, size_, [&](int q) {
+          return reads(q) && __atomic_load_n(&Desc(q, index)->copied, __ATOMIC_ACQUIRE) != want;
+        });
         failure_ = TimeoutError(call, ": rank ", rank_, " waited ", timeout_s_,
                                 " s (POSEIDON_SHM_TIMEOUT_S) for node ranks ", missing,
                                 " to read its broadcast buffer; a peer is stuck or died");
@@ -1435,13 +1443,8 @@ Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt,
       // wake-up (10 ms under an interrupt).
       FutexWait(word, seen, interrupt ? 10000000L : 50000000L);
       seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-      if (seen != want && interrupt != nullptr) {
-        Status st = interrupt->Check();
-        if (!st.ok()) {
-          failure_ = st.WithPrefix(StrCat(call, ": "));
-          return failure_;
-        }
-      }
+      if (seen == want) break;
+      if (Status st = Interrupted(call, interrupt); !st.ok()) return st;
     }
   }
   return Status::Ok();

@@ -225,6 +225,9 @@ class ShmCollectives {
   // (only < 0) or peer `only` has reached arrival `target`.
   uint32_t Arrive();
   Status Await(const char* call, const Interrupt* interrupt, uint32_t target, int only);
+  // A waiter's check between sleeps: OK, or the interrupt's failure (kept in failure_, with
+  // call's name in front) when it has fired.
+  Status Interrupted(const char* call, const Interrupt* interrupt);
   // Whether peer has reached arrival target already (Await's answer without its set-up).
   bool Arrived(int peer, uint32_t target) const;
   // Whether every peer has (loads only, no branch per peer: the loads overlap).
