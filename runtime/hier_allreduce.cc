@@ -30,11 +30,16 @@ Result<std::unique_ptr<HierAllReduce>> HierAllReduce::Create(MPI_Comm comm, size
   if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: splitting the nodes", rc);
   MPI_Comm_rank(h->node_, &h->local_rank_);
   MPI_Comm_size(h->node_, &h->local_size_);
-  // The smallest and the largest node, in one allreduce.
-  int bounds[2] = {h->local_size_, -h->local_size_};
-  rc = MPI_Allreduce(MPI_IN_PLACE, bounds, 2, MPI_INT, MPI_MIN, comm);
+  // The smallest and the largest node and window settings, in one allreduce (min of x and
+  // of -x). The single-copy setting as -1 when automatic (kSingleCopyAuto does not fit).
+  const long long single = single_copy_bytes == ShmCollectives::kSingleCopyAuto
+                               ? -1
+                               : static_cast<long long>(single_copy_bytes);
+  const long long chunk = static_cast<long long>(chunk_bytes);
+  long long bounds[6] = {h->local_size_, -h->local_size_, chunk, -chunk, single, -single};
+  rc = MPI_Allreduce(MPI_IN_PLACE, bounds, 6, MPI_LONG_LONG, MPI_MIN, comm);
   if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: MPI_Allreduce(node sizes)", rc);
-  const int smallest = bounds[0], largest = -bounds[1];
+  const long long smallest = bounds[0], largest = -bounds[1];
   // Every rank sees the same bounds and size, so all return the same way.
   if (largest == size) {
     return UnavailableError("HierAllReduce: every rank shares one node");
@@ -44,11 +49,40 @@ Result<std::unique_ptr<HierAllReduce>> HierAllReduce::Create(MPI_Comm comm, size
                             " ranks; two levels need the same number on every node");
   }
   if (largest == 1) return UnavailableError("HierAllReduce: one rank per node");
-  h->nodes_ = size / largest;
+  // Each node's window checks its own ranks' settings; ranks on different nodes must agree
+  // too, or one node's window would fail while the others went on to the cross allreduce.
+  if (bounds[2] != -bounds[3]) {
+    return MismatchError("HierAllReduce: POSEIDON_SHM_CHUNK_BYTES differs across ranks (between ",
+                         bounds[2], " and ", -bounds[3], "); expected the same on every rank");
+  }
+  if (bounds[4] != -bounds[5]) {
+    const char* what = "HierAllReduce: POSEIDON_SHM_SINGLE_COPY_BYTES differs across ranks";
+    return MismatchError(what, " (between ", bounds[4], " and ", -bounds[5],
+                         ", -1: automatic); expected the same on every rank");
+  }
+  h->nodes_ = static_cast<int>(size / largest);
   rc = MPI_Comm_split(comm, h->local_rank_, rank, &h->cross_);
   if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: MPI_Comm_split", rc);
-  PSD_ASSIGN_OR_RETURN(h->shm_,
-                       ShmCollectives::Create(h->node_, chunk_bytes, timeout_s, single_copy_bytes));
+  auto window = ShmCollectives::Create(h->node_, chunk_bytes, timeout_s, single_copy_bytes);
+  // Every node's ranks agree on their window's outcome; the nodes agree on theirs here, so
+  // that a window that failed on one node (its probe or timing ran out of time, say) fails
+  // every rank with the same code instead of leaving the others in the cross allreduce: an
+  // error's code where any node has one, else kUnavailable where any node's window is
+  // unavailable (then every rank's caller takes the flat path).
+  const StatusCode own = window.ok() ? StatusCode::kOk : window.status().code();
+  int outcome[2] = {own == StatusCode::kUnavailable ? 0 : static_cast<int>(own),
+                    own == StatusCode::kUnavailable ? 1 : 0};
+  rc = MPI_Allreduce(MPI_IN_PLACE, outcome, 2, MPI_INT, MPI_MAX, comm);
+  if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: MPI_Allreduce(window outcome)", rc);
+  if (outcome[0] != 0 || outcome[1] != 0) {
+    const StatusCode agreed =
+        outcome[0] != 0 ? static_cast<StatusCode>(outcome[0]) : StatusCode::kUnavailable;
+    return Status(agreed, !window.ok() ? window.status().message()
+                                       : "HierAllReduce: the shared-memory window of another "
+                                         "node could not be created (its ranks' errors say "
+                                         "why); every rank fails alike");
+  }
+  h->shm_ = std::move(window).value();
   return h;
 }
 

@@ -5,7 +5,8 @@
 //      node's L ranks each end with the node's sum of one 1/L shard;
 //   2. allreduce of that shard among the ranks with the same node-local index, one per node
 //      (the "cross" communicator: N ranks, S/L bytes each);
-//   3. allgather of the shards within the node through the window.
+//   3. allgather of the shards within the node, through the window or read straight from the
+//      node peers' memory (the window's single copy, POSEIDON_SHM_SINGLE_COPY_BYTES).
 //
 // A flat ring over all P = N x L ranks sends 2(P-1)/P x S per rank, and with consecutive ranks
 // on one node one rank per node carries the node's whole share over the node's link: 2(P-1)/P x
@@ -46,7 +47,9 @@ class HierAllReduce {
   // timeout_s are the window's (ShmCollectives::Create). node >= 0: the node this rank counts
   // as on, instead of the ranks it shares memory with (tests emulate several nodes on one
   // machine; ranks given one node must share memory); every rank passes >= 0 or none.
-  // single_copy_bytes: the node window's (ShmCollectives::Create), the same on every rank.
+  // single_copy_bytes: the node window's (ShmCollectives::Create). chunk_bytes and
+  // single_copy_bytes must be the same on every rank of comm (kMismatch on every rank
+  // otherwise), and a window that fails on one node fails Create on every rank with one code.
   static Result<std::unique_ptr<HierAllReduce>> Create(MPI_Comm comm, size_t chunk_bytes,
                                                        double timeout_s, int node = -1,
                                                        size_t single_copy_bytes = 0);
@@ -63,6 +66,8 @@ class HierAllReduce {
 
   int nodes() const { return nodes_; }
   int local_size() const { return local_size_; }
+  // The window within this rank's node (its settings and what its single-copy probe chose).
+  const ShmCollectives& node_window() const { return *shm_; }
   // True once a call gave up mid-collective (see the top of this file).
   bool broken() const;
 

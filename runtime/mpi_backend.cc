@@ -217,7 +217,8 @@ Result<HierAllReduce*> MpiBackend::BuildHierarchy(const MpiWait& how) {
   PSD_CHECK(MeetBeforeBlocking(how));  // the creation's MPI calls only block
   const Knobs& k = knobs();
   const size_t chunk = k.shm_chunk < 0 ? 0 : static_cast<size_t>(k.shm_chunk);
-  // The node window takes the single-copy setting as the one-node window does (Node).
+  // The node windows take the chunk and single-copy settings of the first two-level call
+  // (-1, automatic, becomes kSingleCopyAuto); later changes of them are not followed.
   const size_t single = static_cast<size_t>(k.shm_single_copy);
   return Adopt(HierAllReduce::Create(comm_, chunk, k.shm_timeout_s, -1, single), &hier_,
                &hier_unavailable_);

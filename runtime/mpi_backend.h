@@ -162,7 +162,7 @@ class MpiBackend final : public CheckedBackend {
     uint64_t version = ~uint64_t{0};
     long long shm_threshold = 0;
     long long shm_chunk = 0;
-    long long shm_single_copy = 0;  // 0 where ranks outnumber cores, whatever the setting
+    long long shm_single_copy = 0;  // -1: automatic (ShmCollectives::kSingleCopyAuto)
     double shm_timeout_s = 0;
     bool check_args = true;
     long long hier_bytes = 0;

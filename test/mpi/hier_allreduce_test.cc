@@ -101,7 +101,8 @@ TEST(HierAllReduce, ExactSumsOnEveryEvenSplit) {
   const double tri = Size() * (Size() + 1) / 2.0;
   // Each split with the node window's gathers through its slots, read straight from the node
   // peers' memory from 4 KiB of the gathered buffer (ShmCollectives' single copy), and chosen
-  // as the backend's default does (every node times both ways in its own window, at once).
+  // as the backend's default chooses (where a node's ranks have a core each, every node times
+  // both ways in its own window, all at once; where they outnumber the cores, the window).
   constexpr size_t kAuto = ShmCollectives::kSingleCopyAuto;
   for (const auto& [split, single] : Splits(splits, {0, 4096, kAuto})) {
     SCOPED_TRACE(split.name + (single == 0       ? ", through the window"
@@ -109,6 +110,14 @@ TEST(HierAllReduce, ExactSumsOnEveryEvenSplit) {
                                                  : ", single copy from 4 KiB"));
     auto h = CreateWithNode(split.NodeOf(Rank(), Size()), single);
     ASSERT_TRUE(OkOnEveryRank(h.status()));
+    const ShmCollectives& window = (*h)->node_window();
+    if (single == 4096) {
+      // On, unless the kernel refuses the reads here (the note says why).
+      EXPECT_TRUE(window.single_copy_bytes() == 4096 || !window.single_copy_note().empty())
+          << window.single_copy_bytes();
+    } else if (single == 0) {
+      EXPECT_EQ(window.single_copy_bytes(), 0u);
+    }
     EXPECT_EQ((*h)->nodes(), Size() / split.per_node);
     EXPECT_EQ((*h)->local_size(), split.per_node);
     for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64}) {
@@ -130,6 +139,39 @@ TEST(HierAllReduce, ExactSumsOnEveryEvenSplit) {
     }
     EXPECT_FALSE((*h)->broken());
   }
+}
+
+// One rank with its own window setting: every rank fails Create with kMismatch naming it,
+// whichever node that rank is on (a node's window checks only its own ranks), and none waits
+// for another. Then the same creation with the settings alike works.
+TEST(HierAllReduce, WindowSettingOnOneRankFailsEveryRank) {
+  const std::vector<Split> splits = EvenSplits(Size());
+  if (splits.empty()) {
+    GTEST_SKIP() << "P = " << Size() << " has no split into equal nodes of 2..P/2 ranks";
+  }
+  const Split& split = splits.front();
+  const int node = split.NodeOf(Rank(), Size());
+  const bool odd = Rank() == Size() - 1;
+  struct Case {
+    const char* knob;
+    size_t chunk, single;
+  };
+  for (const Case& c : {Case{"POSEIDON_SHM_CHUNK_BYTES", odd ? 2 * kChunk : kChunk, 0},
+                        Case{"POSEIDON_SHM_SINGLE_COPY_BYTES", kChunk, odd ? 4096 : 0},
+                        Case{"POSEIDON_SHM_SINGLE_COPY_BYTES", kChunk,
+                             odd ? ShmCollectives::kSingleCopyAuto : 0}}) {
+    SCOPED_TRACE(std::string(c.knob) + " on rank " + std::to_string(Size() - 1));
+    auto h = HierAllReduce::Create(World()->mpi_comm(), c.chunk, kTimeoutS, node, c.single);
+    const bool mismatch = !h.ok() && h.status().code() == StatusCode::kMismatch &&
+                          h.status().message().find(c.knob) != std::string::npos;
+    EXPECT_TRUE(testing::OnEveryRank(mismatch))
+        << (h.ok() ? std::string("created") : h.status().ToString());
+  }
+  auto h = CreateWithNode(node);
+  ASSERT_TRUE(OkOnEveryRank(h.status()));
+  std::vector<int32_t> x(1000, Rank() + 1), y(1000);
+  ASSERT_TRUE(OkOnEveryRank((*h)->AllReduce(x.data(), y.data(), x.size(), DType::kInt32, {})));
+  EXPECT_TRUE(testing::OnEveryRank(y[999] == Size() * (Size() + 1) / 2));
 }
 
 // Polled under an interrupt that never fires: the non-blocking cross-node form.
