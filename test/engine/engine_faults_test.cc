@@ -28,6 +28,7 @@
 namespace poseidon {
 namespace {
 
+using testing::CallbacksRun;
 using testing::Expected;
 using testing::Grad;
 using testing::MakeCollective;
@@ -424,7 +425,8 @@ TEST(Engine, CachedOpsCompleteWithoutWaiters) {
       EXPECT_EQ(wrong, 0u) << "layer " << l << " step " << step;
     }
   }
-  EXPECT_EQ(done.load(), 20 * static_cast<int>(sizes.size()));
+  EXPECT_EQ(CallbacksRun(done, 20 * static_cast<int>(sizes.size())),
+            20 * static_cast<int>(sizes.size()));
   EXPECT_TRUE(engine->Shutdown().ok());
 }
 

@@ -30,6 +30,7 @@
 namespace poseidon {
 namespace {
 
+using testing::CallbacksRun;
 using testing::Expected;
 using testing::Grad;
 using testing::MakeCollective;
@@ -72,7 +73,7 @@ TEST(Engine, HandleWaitTestStatusAndCallback) {
   ASSERT_TRUE(h1->Wait(10).ok()) << h1->status().ToString();
   EXPECT_TRUE(h0->Test());
   EXPECT_TRUE(h1->status().ok());
-  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(CallbacksRun(calls, 1), 1);
   EXPECT_TRUE(cb_status.ok());
   EXPECT_NE(cb_thread, std::this_thread::get_id());
   for (size_t i = 0; i < g0.size(); ++i) EXPECT_EQ(g0[i], Expected(i, P, 0)) << i;

@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -60,6 +63,17 @@ inline std::unique_ptr<Engine> MakeEngine(HybridCollective* hc, const EngineOpti
   auto e = Engine::Create(World(), hc, o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(*e) : nullptr;
+}
+
+// A handle reads complete (Test, Wait) before its completion callback has run: Complete sets
+// the status, wakes the waiters, then runs the callback. The count of callbacks that have run
+// once it reaches `want` or 20 s pass.
+inline int CallbacksRun(const std::atomic<int>& count, int want) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (count.load() < want && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return count.load();
 }
 
 }  // namespace poseidon::testing
