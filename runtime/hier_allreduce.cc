@@ -30,16 +30,24 @@ Result<std::unique_ptr<HierAllReduce>> HierAllReduce::Create(MPI_Comm comm, size
   if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: splitting the nodes", rc);
   MPI_Comm_rank(h->node_, &h->local_rank_);
   MPI_Comm_size(h->node_, &h->local_size_);
-  // The smallest and the largest node and window settings, in one allreduce (min of x and
-  // of -x). The single-copy setting as -1 when automatic (kSingleCopyAuto does not fit).
+  // The smallest and the largest node size, chunk and single-copy setting, in one allreduce
+  // (the minimum of x and of -x for each). The single-copy setting as -1 when automatic
+  // (kSingleCopyAuto does not fit).
+  enum { kNodeSize, kChunkBytes, kSingleCopy, kBounded };
   const long long single = single_copy_bytes == ShmCollectives::kSingleCopyAuto
                                ? -1
                                : static_cast<long long>(single_copy_bytes);
-  const long long chunk = static_cast<long long>(chunk_bytes);
-  long long bounds[6] = {h->local_size_, -h->local_size_, chunk, -chunk, single, -single};
-  rc = MPI_Allreduce(MPI_IN_PLACE, bounds, 6, MPI_LONG_LONG, MPI_MIN, comm);
+  const long long mine[kBounded] = {h->local_size_, static_cast<long long>(chunk_bytes), single};
+  long long bounds[2 * kBounded];
+  for (int k = 0; k < kBounded; ++k) {
+    bounds[2 * k] = mine[k];
+    bounds[2 * k + 1] = -mine[k];
+  }
+  rc = MPI_Allreduce(MPI_IN_PLACE, bounds, 2 * kBounded, MPI_LONG_LONG, MPI_MIN, comm);
   if (rc != MPI_SUCCESS) return MpiError("HierAllReduce: MPI_Allreduce(node sizes)", rc);
-  const long long smallest = bounds[0], largest = -bounds[1];
+  auto lowest = [&](int k) { return bounds[2 * k]; };
+  auto highest = [&](int k) { return -bounds[2 * k + 1]; };
+  const long long smallest = lowest(kNodeSize), largest = highest(kNodeSize);
   // Every rank sees the same bounds and size, so all return the same way.
   if (largest == size) {
     return UnavailableError("HierAllReduce: every rank shares one node");
@@ -51,13 +59,14 @@ Result<std::unique_ptr<HierAllReduce>> HierAllReduce::Create(MPI_Comm comm, size
   if (largest == 1) return UnavailableError("HierAllReduce: one rank per node");
   // Each node's window checks its own ranks' settings; ranks on different nodes must agree
   // too, or one node's window would fail while the others went on to the cross allreduce.
-  if (bounds[2] != -bounds[3]) {
+  if (lowest(kChunkBytes) != highest(kChunkBytes)) {
     return MismatchError("HierAllReduce: POSEIDON_SHM_CHUNK_BYTES differs across ranks (between ",
-                         bounds[2], " and ", -bounds[3], "); expected the same on every rank");
+                         lowest(kChunkBytes), " and ", highest(kChunkBytes),
+                         "); expected the same on every rank");
   }
-  if (bounds[4] != -bounds[5]) {
-    const char* what = "HierAllReduce: POSEIDON_SHM_SINGLE_COPY_BYTES differs across ranks";
-    return MismatchError(what, " (between ", bounds[4], " and ", -bounds[5],
+  if (lowest(kSingleCopy) != highest(kSingleCopy)) {
+    return MismatchError("HierAllReduce: POSEIDON_SHM_SINGLE_COPY_BYTES differs across ranks ",
+                         "(between ", lowest(kSingleCopy), " and ", highest(kSingleCopy),
                          ", -1: automatic); expected the same on every rank");
   }
   h->nodes_ = static_cast<int>(size / largest);

@@ -1471,14 +1471,13 @@ Status ShmCollectives::FailedStages(Status verdict) {
   // every rank that returned from it before anyone checked it (a broadcast root of one piece,
   // with the receivers that matched it, which may still be copying out of the root's slot
   // after this failure; a reduce-scatter rank with nothing to receive, where ranks outnumber
-  // cores): every rank leaves the
-  // call one stage on. Neither may stay: a broadcast's receivers read the root's stamp before
-  // they know the verdict, and a root that failed its call (its arguments, moving no data) and
-  // kept its stage would write its next broadcast's stamp into the slot they may still be
-  // comparing (np 7: the compare, glibc's memcmp, found the first differing byte in the old
-  // contents and re-read it from the new stamp, equal, so a receiver returned OK from a call
-  // that failed everywhere else). The next broadcast writes into the stage after, whose last
-  // readers have all arrived for a later call since.
+  // cores): every rank leaves the call one stage on. Neither may stay: a broadcast's receivers
+  // read the root's stamp before they know the verdict, and a root that failed its call (its
+  // arguments, moving no data) and kept its stage would write its next broadcast's stamp into
+  // the slot they may still be comparing (np 7: the compare, glibc's memcmp, found the first
+  // differing byte in the old contents and re-read it from the new stamp, equal, so a receiver
+  // returned OK from a call that failed everywhere else). The next broadcast writes into the stage
+  // after, whose last readers have all arrived for a later call since.
   ++stage_;
   return verdict;
 }

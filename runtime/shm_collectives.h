@@ -85,8 +85,9 @@
 // paced by its root the same way, but every rank checks every descriptor before the second
 // piece, so it fails in the call itself. Where ranks outnumber cores, a ReduceScatter of one
 // round returns the same way on the ranks whose share is empty (most of them in a
-// reduce-scatter of a few elements), its stage kept moved alike. Waiting at Begin also keeps the window's invariant: when a call
-// starts, every peer has arrived for the previous one's last step, as after a Sync. One
+// reduce-scatter of a few elements), its stage kept moved alike. Waiting at Begin also keeps
+// the window's invariant: when a call starts, every peer has arrived for the previous one's
+// last step, as after a Sync. One
 // exception: a receiver whose next call is another broadcast from the same root skips Begin
 // (it waited for the root's last arrival in the call; the root checks the receivers and, where
 // one refused, fails its next call through Enter, which writes no stamp, so every receiver
@@ -135,8 +136,8 @@ class ShmCollectives {
   // single_copy_bytes: the smallest AllGather(V) (bytes of the gathered buffer), AllReduce and
   // Broadcast read straight from the peers' memory (see "Single copy" above); 0: never;
   // kSingleCopyAuto: where every rank has a core, from kAutoGatherSingleCopyBytes (allgathers)
-  // and kAutoSingleCopyBytes (allreduces) for the calls on which Create measured it faster; where ranks outnumber cores, broadcasts from
-  // kAutoBroadcastSingleCopyBytes.
+  // and kAutoSingleCopyBytes (allreduces) for the calls on which Create measured it faster;
+  // where ranks outnumber cores, broadcasts from kAutoBroadcastSingleCopyBytes.
   static Result<std::unique_ptr<ShmCollectives>> Create(MPI_Comm comm, size_t chunk_bytes,
                                                         double timeout_s,
                                                         size_t single_copy_bytes = 0);

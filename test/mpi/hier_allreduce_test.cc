@@ -157,7 +157,7 @@ TEST(HierAllReduce, WindowSettingOnOneRankFailsEveryRank) {
     size_t chunk, single;
   };
   for (const Case& c : {Case{"POSEIDON_SHM_CHUNK_BYTES", odd ? 2 * kChunk : kChunk, 0},
-                        Case{"POSEIDON_SHM_SINGLE_COPY_BYTES", kChunk, odd ? 4096 : 0},
+                        Case{"POSEIDON_SHM_SINGLE_COPY_BYTES", kChunk, odd ? size_t{4096} : 0},
                         Case{"POSEIDON_SHM_SINGLE_COPY_BYTES", kChunk,
                              odd ? ShmCollectives::kSingleCopyAuto : 0}}) {
     SCOPED_TRACE(std::string(c.knob) + " on rank " + std::to_string(Size() - 1));

@@ -316,7 +316,8 @@ TEST_F(ShmSingleCopy, UnreadableRootBufferFailsEveryBroadcastRank) {
   munmap(buf, bytes);
   std::vector<float> good(n + 3, me == 0 ? 5.0f : -1.0f);
   ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(good.data(), n + 3, DType::kFloat32, 0)));
-  EXPECT_TRUE(OnEveryRank(std::all_of(good.begin(), good.end(), [](float v) { return v == 5.0f; })));
+  EXPECT_TRUE(
+      OnEveryRank(std::all_of(good.begin(), good.end(), [](float v) { return v == 5.0f; })));
   ExpectInStep();
 }
 
