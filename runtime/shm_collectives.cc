@@ -70,10 +70,11 @@
 // window's pipelined gather rounds ran 1.3-2x faster at 256 KiB-16 MiB. So by default
 // (kSingleCopyAuto) Create times both ways of each call on every rank and keeps the faster.
 // With ranks outnumbering cores (P = 4, 8 here) the single copy was no faster for gathers and
-// up to 1.4x slower for allreduces, so kSingleCopyAuto keeps the window for them there.
+// up to 1.4x slower for allreduces, so kSingleCopyAuto keeps the window for them there and
+// times the broadcast both ways instead.
 //
-// Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores, from
-// kAutoBroadcastSingleCopyBytes up to kStreamOutputBytes): the root puts its buffer's address in
+// Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores and it ran faster at
+// creation, from kAutoBroadcastSingleCopyBytes up to kStreamOutputBytes): the root puts its buffer's address in
 // its descriptor and arrives; a receiver arrives, waits for the root's arrival alone, checks the
 // root's descriptor against its own (as for a broadcast of one piece), reads the whole buffer with
 // one process_vm_readv and marks its descriptor copied (waking the root). The root waits for every
@@ -151,15 +152,21 @@ constexpr size_t kDirectGatherMaxBytes = size_t{64} << 20;
 // ReduceDirect runs below this size: at 16 MiB it ran no faster than the window at P = 2 here,
 // at 32 and 64 MiB 1.1-1.4x slower (the window's streaming stores move fewer bytes to memory).
 constexpr size_t kDirectReduceMaxBytes = size_t{16} << 20;
-// TimeSingleCopy's calls: bytes of the allgather's gathered buffer and of the allreduce, and
-// the timed runs of each (after two untimed ones).
+// TimeSingleCopy's calls: bytes of the allgather's gathered buffer and of the allreduce where
+// every rank has a core, of the broadcast where ranks outnumber cores, and the timed runs of
+// each (after two untimed ones).
 constexpr size_t kAutoProbeBytes = size_t{1} << 20;
+constexpr size_t kAutoBroadcastProbeBytes = size_t{2} << 20;
 constexpr int kTimedRuns = 3;
 // Where ranks outnumber cores, broadcasts from ShmCollectives::kAutoBroadcastSingleCopyBytes
-// (1 MiB) up to kStreamOutputBytes read the root's buffer (see "Single-copy Broadcast").
-// Measured here (4 and 8 ranks on 2 cores, osu_broadcast, mean over ranks, two alternated
-// runs, bench/RESULTS.md tenth pass): at 1-16 MiB the single copy ran 1.03-2.1x faster than
-// the window at P = 8, and at P = 4 even at 1-8 MiB and 1.2-1.3x faster at 16 MiB; at 512 KiB
+// (1 MiB) up to kStreamOutputBytes may read the root's buffer (see "Single-copy Broadcast"),
+// where a broadcast of kAutoBroadcastProbeBytes ran faster that way at creation. Measured
+// (4 and 8 ranks on 2 cores, osu_broadcast, mean over ranks, alternated runs, bench/RESULTS.md
+// tenth and twelfth passes): on the development VM's Intel CPU, at 1-16 MiB the single copy
+// ran 1.03-2.1x faster than the window at P = 8, and at P = 4 even at 1-8 MiB and 1.2-1.3x
+// faster at 16 MiB; on its AMD CPU, where process_vm_readv moves a byte 2.5-3x as slowly as
+// memcpy (1.4-1.8x on the Intel), the window ran 1.3-1.8x faster at P = 4, 1-16 MiB, and the
+// single copy 1.1-1.6x faster at P = 8, 2-8 MiB (1 MiB even, 16 MiB 1.2x slower). At 512 KiB
 // the window was as fast at P = 8 and 1.4x faster at P = 4; at 32 and 64 MiB the window, with
 // its streaming stores, ran 1.2-1.85x faster.
 // A broadcast moves pieces of at most this size, paced by its root (see Broadcast). On the
@@ -448,14 +455,8 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
       s->single_copy_bcast_bytes_ = single_copy_bytes;
     } else if (crowded) {
       // With more ranks than cores the single-copy allgather and allreduce were no faster than
-      // the window (up to 1.4x slower), and the single-copy broadcast faster from 1 MiB (see
-      // kAutoBroadcastSingleCopyBytes); nothing to measure.
+      // the window (up to 1.4x slower); the broadcast is timed both ways (TimeSingleCopy).
       s->single_copy_bcast_bytes_ = kAutoBroadcastSingleCopyBytes;
-      s->single_copy_note_ = StrCat("ranks outnumber cores (", size, " on ", cores,
-                                    "): allgathers and allreduces through the window, "
-                                    "broadcasts from ", kAutoBroadcastSingleCopyBytes >> 20,
-                                    " MiB in single copy");
-      PSD_LOG(kInfo, "ShmCollectives: ", s->single_copy_note_);
     } else {
       s->single_copy_bytes_ = kAutoGatherSingleCopyBytes;
       s->single_copy_reduce_bytes_ = kAutoSingleCopyBytes;
@@ -465,7 +466,9 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   // Everyone's counter is zero before anyone increments it.
   rc = MPI_Barrier(s->local_);
   if (rc != MPI_SUCCESS) return MpiError("ShmCollectives: MPI_Barrier", rc);
-  if (automatic && s->single_copy_bytes_ > 0) PSD_CHECK(s->TimeSingleCopy());
+  if (automatic && (s->single_copy_bytes_ > 0 || s->single_copy_bcast_bytes_ > 0)) {
+    PSD_CHECK(s->TimeSingleCopy());
+  }
   return s;
 }
 
@@ -878,45 +881,86 @@ Status ShmCollectives::ProbeSingleCopy() {
   return Status::Ok();
 }
 
-Status ShmCollectives::TimeSingleCopy() {
-  const size_t n = kAutoProbeBytes / sizeof(float);
-  const size_t per_rank = n / static_cast<size_t>(size_);
-  std::vector<float> in(n, 1.0f), out(n);
-  // Best of kTimedRuns after two untimed runs, per way: allgather through the window, single
-  // copy, then allreduce alike.
-  double best[4];
-  const size_t gather = single_copy_bytes_, reduce = single_copy_reduce_bytes_;
-  for (int way = 0; way < 4; ++way) {
-    const bool direct = way % 2 == 1;
-    single_copy_bytes_ = direct ? gather : 0;
-    single_copy_reduce_bytes_ = direct ? reduce : 0;
+template <typename Before, typename Call>
+Status ShmCollectives::TimeBothWays(size_t* threshold, const Before& before, const Call& call,
+                                    double* best) {
+  const size_t on = *threshold;
+  for (int way = 0; way < 2; ++way) {
+    *threshold = way == 1 ? on : 0;
     best[way] = 1e30;
     for (int run = 0; run < 2 + kTimedRuns; ++run) {
+      Status st = before();
+      if (!st.ok()) return st.WithPrefix("ShmCollectives: timing the single-copy path");
       const auto start = std::chrono::steady_clock::now();
-      Status st = way < 2 ? AllGather(in.data(), out.data(), per_rank, DType::kFloat32)
-                          : AllReduce(in.data(), out.data(), n, DType::kFloat32);
+      st = call();
       const double took = Seconds(start);
       if (!st.ok()) return st.WithPrefix("ShmCollectives: timing the single-copy path");
       if (run >= 2) best[way] = std::min(best[way], took);
     }
   }
+  *threshold = on;
+  return Status::Ok();
+}
+
+Status ShmCollectives::TimeSingleCopy() {
+  // Per call, this rank's best time through the window, then in single copy.
+  double best[4] = {0, 0, 0, 0};
+  const size_t gather = single_copy_bytes_;
+  if (crowded_) {
+    // Each broadcast starts on every rank at once, after an allreduce of one element: back to
+    // back, the window's root runs ahead of its receivers into the next call.
+    const size_t n = kAutoBroadcastProbeBytes / sizeof(float);
+    std::vector<float> buf(n, 1.0f);
+    float one = 1.0f, sum = 0.0f;
+    PSD_CHECK(TimeBothWays(
+        &single_copy_bcast_bytes_,
+        [&] { return AllReduce(&one, &sum, 1, DType::kFloat32); },
+        [&] { return Broadcast(buf.data(), n, DType::kFloat32, 0); }, best));
+  } else {
+    const size_t n = kAutoProbeBytes / sizeof(float);
+    const size_t per_rank = n / static_cast<size_t>(size_);
+    std::vector<float> in(n, 1.0f), out(n);
+    auto nothing = [] { return Status::Ok(); };
+    PSD_CHECK(TimeBothWays(
+        &single_copy_bytes_, nothing,
+        [&] { return AllGather(in.data(), out.data(), per_rank, DType::kFloat32); }, best));
+    PSD_CHECK(TimeBothWays(
+        &single_copy_reduce_bytes_, nothing,
+        [&] { return AllReduce(in.data(), out.data(), n, DType::kFloat32); }, best + 2));
+  }
   // Every rank's times through the window (its deadline, and a peer that stops answering
-  // named), then the slowest of each: every rank holds the same, so keeps the same ways.
+  // named): every rank holds the same, so keeps the same ways.
   single_copy_bytes_ = 0;
   std::vector<double> all(4 * static_cast<size_t>(size_));
   Status st = AllGather(best, all.data(), 4, DType::kFloat64);
   if (!st.ok()) return st.WithPrefix("ShmCollectives: gathering the single-copy times");
-  double slowest[4] = {0, 0, 0, 0};
-  for (size_t i = 0; i < all.size(); ++i) slowest[i % 4] = std::max(slowest[i % 4], all[i]);
-  single_copy_bytes_ = slowest[1] < slowest[0] ? gather : 0;
-  single_copy_reduce_bytes_ = slowest[3] < slowest[2] ? reduce : 0;
+  double slowest[4] = {0, 0, 0, 0}, mean[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < all.size(); ++i) {
+    slowest[i % 4] = std::max(slowest[i % 4], all[i]);
+    mean[i % 4] += all[i] / size_;
+  }
   auto way = [](size_t on) { return on > 0 ? "single copy" : "window"; };
-  single_copy_note_ = StrCat(
-      "measured at creation (", kAutoProbeBytes >> 10, " KiB, slowest rank): allgather ",
-      static_cast<int>(slowest[0] * 1e6), " us through the window, ",
-      static_cast<int>(slowest[1] * 1e6), " us in single copy: ", way(single_copy_bytes_),
-      "; allreduce ", static_cast<int>(slowest[2] * 1e6), " / ",
-      static_cast<int>(slowest[3] * 1e6), " us: ", way(single_copy_reduce_bytes_));
+  if (crowded_) {
+    // A broadcast's receivers return at different times (in single copy each as soon as it
+    // has read the root's buffer): what callers wait on is the mean over ranks.
+    if (mean[1] >= mean[0]) single_copy_bcast_bytes_ = 0;
+    single_copy_note_ = StrCat(
+        "ranks outnumber cores: allgathers and allreduces through the window; broadcast of ",
+        kAutoBroadcastProbeBytes >> 20, " MiB measured at creation (mean over ranks) ",
+        static_cast<int>(mean[0] * 1e6), " us through the window, ",
+        static_cast<int>(mean[1] * 1e6), " us in single copy: ", way(single_copy_bcast_bytes_),
+        single_copy_bcast_bytes_ > 0 ? StrCat(" from ", single_copy_bcast_bytes_ >> 20, " MiB")
+                                     : std::string());
+  } else {
+    single_copy_bytes_ = slowest[1] < slowest[0] ? gather : 0;
+    if (slowest[3] >= slowest[2]) single_copy_reduce_bytes_ = 0;
+    single_copy_note_ = StrCat(
+        "measured at creation (", kAutoProbeBytes >> 10, " KiB, slowest rank): allgather ",
+        static_cast<int>(slowest[0] * 1e6), " us through the window, ",
+        static_cast<int>(slowest[1] * 1e6), " us in single copy: ", way(single_copy_bytes_),
+        "; allreduce ", static_cast<int>(slowest[2] * 1e6), " / ",
+        static_cast<int>(slowest[3] * 1e6), " us: ", way(single_copy_reduce_bytes_));
+  }
   PSD_LOG(kInfo, "ShmCollectives: ", single_copy_note_);
   return Status::Ok();
 }

@@ -56,9 +56,11 @@
 // allreduce of 1 MiB) and keeps the single copy for the ones it ran faster on every rank
 // (single_copy_note says what it measured): on the development VM's Intel CPU it won for both,
 // on its AMD CPU the window's allgather was faster. Where ranks outnumber cores kSingleCopyAuto
-// instead leaves allgathers and allreduces to the window and reads broadcasts of 1-32 MiB
-// straight from the root's buffer (see "Single-copy Broadcast" in shm_collectives.cc): a
-// receiver returns once it has the data, the root once every receiver has read it.
+// instead leaves allgathers and allreduces to the window and times a broadcast of 2 MiB both
+// ways; where reading the root's buffer ran faster (mean over ranks), broadcasts of 1-32 MiB
+// take that way (see "Single-copy Broadcast" in shm_collectives.cc): a receiver returns once it
+// has the data, the root once every receiver has read it. At P = 8 it won on both CPUs; at
+// P = 4 on the AMD CPU the window won.
 //
 // Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the
 // usual parameter and object broadcasts, every small one). The root copies its buffer into its
@@ -127,7 +129,8 @@ class ShmCollectives {
   // 2.3 against 2.4 us).
   static constexpr size_t kAutoSingleCopyBytes = size_t{64} << 10;
   static constexpr size_t kAutoGatherSingleCopyBytes = size_t{32} << 10;
-  // kSingleCopyAuto where ranks outnumber cores: the smallest broadcast read from the root.
+  // kSingleCopyAuto where ranks outnumber cores: the smallest broadcast read from the root,
+  // where Create measured that way faster.
   static constexpr size_t kAutoBroadcastSingleCopyBytes = size_t{1} << 20;
   // Collective over comm (every rank must call it). Returns kUnavailable on every rank when
   // comm spans more than one node (the caller then uses plain MPI), kInvalidArgument when
@@ -137,7 +140,8 @@ class ShmCollectives {
   // Broadcast read straight from the peers' memory (see "Single copy" above); 0: never;
   // kSingleCopyAuto: where every rank has a core, from kAutoGatherSingleCopyBytes (allgathers)
   // and kAutoSingleCopyBytes (allreduces) for the calls on which Create measured it faster;
-  // where ranks outnumber cores, broadcasts from kAutoBroadcastSingleCopyBytes.
+  // where ranks outnumber cores, broadcasts from kAutoBroadcastSingleCopyBytes if Create
+  // measured them faster that way.
   static Result<std::unique_ptr<ShmCollectives>> Create(MPI_Comm comm, size_t chunk_bytes,
                                                         double timeout_s,
                                                         size_t single_copy_bytes = 0);
@@ -282,9 +286,14 @@ class ShmCollectives {
   // Create's probe: one read of a neighbour's memory; the path stays on only where every rank's
   // read succeeds.
   Status ProbeSingleCopy();
-  // kSingleCopyAuto: times an allgather and an allreduce both ways on every rank and keeps the
-  // single copy for each where it was faster (the slowest rank's best of several runs).
+  // kSingleCopyAuto: where every rank has a core, times an allgather and an allreduce both ways
+  // on every rank and keeps the single copy for each where it was faster (the slowest rank's
+  // best of several runs); where ranks outnumber cores, a broadcast (the mean over ranks).
   Status TimeSingleCopy();
+  // Times call() with *threshold at 0 (best[0]), then at its value (best[1]): this rank's best
+  // of several runs each, before() untimed ahead of each run. Leaves *threshold as it was.
+  template <typename Before, typename Call>
+  Status TimeBothWays(size_t* threshold, const Before& before, const Call& call, double* best);
   // After a single-copy call's reads: record this rank's outcome (err: an errno, 0 when every
   // read succeeded; from: the rank it failed to read), Sync so that no sender leaves while a
   // receiver still reads, then the same verdict on every rank from every rank's outcome.

@@ -435,10 +435,10 @@ TEST(ShmSingleCopyBroadcast, AmongWindowBroadcastsAndRightBeforeTheWindowGoes) {
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
-// The default (kSingleCopyAuto): where every rank has a core, Create times both ways and keeps,
-// on every rank alike, the single copy for the calls it ran faster; where ranks outnumber cores
-// it keeps the window for allgathers and allreduces and takes the single copy for broadcasts
-// from 1 MiB. Each call then gives exact results.
+// The default (kSingleCopyAuto): Create times both ways and keeps, on every rank alike, the
+// single copy for the calls it ran faster: allgathers and allreduces where every rank has a
+// core; where ranks outnumber cores it keeps the window for those and times broadcasts (single
+// copy from 1 MiB if faster). Each call then gives exact results.
 TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
   if (World()->size() < 2) GTEST_SKIP() << "needs two ranks";
   auto s = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0,
@@ -459,9 +459,11 @@ TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
                       shm->single_copy_bcast_bytes()};
   if (cores > 0 && p > cores) {
     EXPECT_NE(note.find("ranks outnumber cores"), std::string::npos) << note;
+    EXPECT_NE(note.find("measured at creation"), std::string::npos) << note;
     EXPECT_EQ(ways[0], 0u);
     EXPECT_EQ(ways[1], 0u);
-    EXPECT_EQ(ways[2], ShmCollectives::kAutoBroadcastSingleCopyBytes);
+    EXPECT_TRUE(ways[2] == 0 || ways[2] == ShmCollectives::kAutoBroadcastSingleCopyBytes)
+        << ways[2];
   } else {
     EXPECT_NE(note.find("measured at creation"), std::string::npos) << note;
     EXPECT_TRUE(ways[0] == 0 || ways[0] == gather_on) << ways[0];
@@ -485,7 +487,8 @@ TEST(ShmSingleCopyAuto, MeasuresAndAgreesOnEveryRank) {
     exact = all[i] == static_cast<float>((i / n + 1) * ((i % n) % 97));
   }
   EXPECT_TRUE(OnEveryRank(exact));
-  // A broadcast of 3 MiB and a bit from the last rank (single copy where ranks outnumber cores).
+  // A broadcast of 3 MiB and a bit from the last rank (the way measured where ranks outnumber
+  // cores).
   const int root = p - 1;
   std::vector<float> b(n, -1.0f);
   if (me == root) b = in;
