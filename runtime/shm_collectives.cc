@@ -74,26 +74,26 @@
 // times the broadcast both ways instead.
 //
 // Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores and it ran faster at
-// creation, from kAutoBroadcastSingleCopyBytes up to kStreamOutputBytes): the root puts its buffer's address in
-// its descriptor and arrives; a receiver arrives, waits for the root's arrival alone, checks the
-// root's descriptor against its own (as for a broadcast of one piece), reads the whole buffer with
-// one process_vm_readv and marks its descriptor copied (waking the root). The root waits for every
-// rank's arrival and checks every descriptor (a receiver that disagrees fails the call on the root
-// and on itself), then for the mark of every receiver that matched its descriptor (those read
-// whatever the verdict): its buffer is theirs until then. A receiver returns as soon as it has its
-// data, and the receivers that matched the root learn of another rank's disagreement at their next
-// call (Defer), as after a broadcast of one piece. A read that fails fails that receiver and the
-// root, naming it; the receivers that read the data return OK. A root whose wait times out or is
-// interrupted returns with its window broken (as any rank whose wait fails) while receivers may
-// still be reading: if its caller then reuses the buffer, they return OK with data it overwrote;
-// the broken root never arrives again, so their next call fails at its deadline naming it. Every
-// rank arrives once per call whatever happens, as a broadcast through the window does when it
-// fails, so ranks that took different ways because their counts differ all fail the call without
-// waiting for a step another will not make. With P ranks on fewer cores this moves P - 1 copies of
-// the buffer instead of the window's P, each in one piece instead of 512 KiB pieces in step with
-// the root. Waiting for every rank before reading (Enter) made it 1.7-1.9x slower at P = 8, 1-4
-// MiB, and a form that also waited for every rank after reading ran 1.6-2.5x slower than the
-// window: with more ranks than cores a receiver that is done should not wait for the others.
+// creation, from kAutoBroadcastSingleCopyBytes up to kStreamOutputBytes): the root puts its
+// buffer's address in its descriptor and arrives; a receiver arrives, waits for the root's arrival
+// alone, checks the root's descriptor against its own (as for a broadcast of one piece), reads the
+// whole buffer with one process_vm_readv and marks its descriptor copied (waking the root). The
+// root waits for every rank's arrival and checks every descriptor (a receiver that disagrees fails
+// the call on the root and on itself), then for the mark of every receiver that matched its
+// descriptor (those read whatever the verdict): its buffer is theirs until then. A receiver returns
+// as soon as it has its data, and the receivers that matched the root learn of another rank's
+// disagreement at their next call (Defer), as after a broadcast of one piece. A read that fails
+// fails that receiver and the root, naming it; the receivers that read the data return OK. A root
+// whose wait times out or is interrupted returns with its window broken (as any rank whose wait
+// fails) while receivers may still be reading: if its caller then reuses the buffer, they return OK
+// with data it overwrote; the broken root never arrives again, so their next call fails at its
+// deadline naming it. Every rank arrives once per call whatever happens, as a broadcast through the
+// window does when it fails, so ranks that took different ways because their counts differ all fail
+// the call without waiting for a step another will not make. With P ranks on fewer cores this moves
+// P - 1 copies of the buffer instead of the window's P, each in one piece instead of 512 KiB pieces
+// in step with the root. Waiting for every rank before reading (Enter) made it 1.7-1.9x slower at P
+// = 8, 1-4 MiB, and a form that also waited for every rank after reading ran 1.6-2.5x slower than
+// the window: with more ranks than cores a receiver that is done should not wait for the others.
 //
 // Sync: store my arrival count in my control line, wake peers sleeping on it, then wait for
 // every peer's count: spin for up to 5 us where ranks have cores and the peer last arrived on
