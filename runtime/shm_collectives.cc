@@ -100,7 +100,8 @@
 // another core, then poll with sched_yield for up to 200 us (a runnable peer gets the core at
 // once), then sleep on the peer's word with a futex (shared, not private: the word lives in a
 // mapping of several processes), checking the caller's interrupt, if any, at every wake.
-// Outputs of 32 MiB and more are written with streaming stores (kStreamOutputBytes).
+// Outputs of 32 MiB and more are written with streaming stores (kStreamOutputBytes; a
+// broadcast's from 16 MiB, kBroadcastStreamBytes).
 #include "runtime/shm_collectives.h"
 
 #include <linux/futex.h>
@@ -175,6 +176,12 @@ constexpr int kTimedRuns = 3;
 // 995-1030 us; P = 4 at 4 / 16 MiB 324-355 / 1971-2425 against 611-653 / 3132-3399 us;
 // 256 KiB pieces were no better.
 constexpr size_t kBroadcastPieceBytes = size_t{512} << 10;
+// A broadcast through the window writes receivers' outputs of this size and more with streaming
+// stores (other calls from kStreamOutputBytes). On the development VM's AMD CPU (osu_broadcast
+// --no-peer, alternated runs, bench/RESULTS.md twelfth pass), 16 MiB took 1.9-2.1 against
+// 2.6-4.0 ms at P = 2 and 12.8-15.8 against 17.7-21.1 ms at P = 8 (the window's way), at P = 4
+// 5.9-10.2 against 6.9-9.7 ms (the runs' spread); from 1 MiB it was slower at 1-4 MiB.
+constexpr size_t kBroadcastStreamBytes = size_t{16} << 20;
 
 // ceil(n / per), without the division in the common case of one part: a 64-bit division
 // costs tens of cycles, on the path of every small call before its data moves.
@@ -1330,7 +1337,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   const size_t piece = std::min(slot_bytes_ - kStampBytes, kBroadcastPieceBytes);
   const size_t pieces = Parts(bytes, piece);
   unsigned char* data = static_cast<unsigned char*>(buf);
-  const bool stream = bytes >= kStreamOutputBytes;
+  const bool stream = bytes >= kBroadcastStreamBytes;
   const uint64_t index = calls_;
   uint32_t first = 0, arrival = 0;
   for (size_t k = 0; k < pieces; ++k) {

@@ -649,6 +649,37 @@ TEST(ShmBroadcast, ReceiversOfOneRootRunAheadOfEachOther) {
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
+// A broadcast through the window of 16 MiB and more writes the receivers' outputs with
+// streaming stores (kBroadcastStreamBytes in shm_collectives.cc), in 512 KiB pieces: a length
+// with a tail that fills no 64-byte block, from two roots, every element checked, and a small
+// allreduce after each (the stores are fenced before the call returns).
+TEST(ShmBroadcast, StreamedOutputsOfLargeBroadcastsAreExact) {
+  auto made = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 0);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  const int p = World()->size(), me = World()->rank();
+  const size_t n = (size_t{16} << 20) / sizeof(float) + 5;
+  size_t wrong = 0;
+  Failures failed;
+  for (int root : {0, p - 1}) {
+    auto want = [&](size_t j) {
+      return static_cast<float>(root * 131 + static_cast<int>(j % 1009));
+    };
+    std::vector<float> b(n, -1.0f);
+    if (me == root) {
+      for (size_t j = 0; j < n; ++j) b[j] = want(j);
+    }
+    failed.Note(shm->Broadcast(b.data(), n, DType::kFloat32, root));
+    for (size_t j = 0; j < n; ++j) wrong += b[j] != want(j);
+    std::vector<float> x(3, 1.0f), y(3);
+    failed.Note(shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32));
+    for (float v : y) wrong += v != static_cast<float>(p);
+  }
+  EXPECT_TRUE(OnEveryRank(failed.count == 0))
+      << failed.count << " calls failed; the first: " << failed.first;
+  EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
+}
+
 // Waiters that go to sleep: one rank, a different one each time, is late by 2 ms (past the
 // 200 us of yield-polling), so its peers sleep on its arrival word and its arrival (a plain
 // store where the kernel offers the waiters' barrier, see ShmCollectives::Arrive) must wake
