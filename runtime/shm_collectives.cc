@@ -118,6 +118,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "runtime/agreement.h"
 #include "runtime/log.h"
@@ -912,7 +913,6 @@ Status ShmCollectives::TimeBothWays(size_t* threshold, const Before& before, con
 Status ShmCollectives::TimeSingleCopy() {
   // Per call, this rank's best time through the window, then in single copy.
   double best[4] = {0, 0, 0, 0};
-  const size_t gather = single_copy_bytes_;
   if (crowded_) {
     // Each broadcast starts on every rank at once, after an allreduce of one element: back to
     // back, the window's root runs ahead of its receivers into the next call.
@@ -937,7 +937,7 @@ Status ShmCollectives::TimeSingleCopy() {
   }
   // Every rank's times through the window (its deadline, and a peer that stops answering
   // named): every rank holds the same, so keeps the same ways.
-  single_copy_bytes_ = 0;
+  const size_t gather = std::exchange(single_copy_bytes_, 0);
   std::vector<double> all(4 * static_cast<size_t>(size_));
   Status st = AllGather(best, all.data(), 4, DType::kFloat64);
   if (!st.ok()) return st.WithPrefix("ShmCollectives: gathering the single-copy times");

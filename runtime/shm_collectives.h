@@ -55,7 +55,7 @@
 // window's sums). With kSingleCopyAuto, Create times both ways of each (an allgather and an
 // allreduce of 1 MiB) and keeps the single copy for the ones it ran faster on every rank
 // (single_copy_note says what it measured): on the development VM's Intel CPU it won for both,
-// on its AMD CPU the window's allgather was faster. Where ranks outnumber cores kSingleCopyAuto
+// on its AMD CPU the allgather's two ways came out close. Where ranks outnumber cores kSingleCopyAuto
 // instead leaves allgathers and allreduces to the window and times a broadcast of 2 MiB both
 // ways; where reading the root's buffer ran faster (mean over ranks), broadcasts of 1-32 MiB
 // take that way (see "Single-copy Broadcast" in shm_collectives.cc): a receiver returns once it
