@@ -156,10 +156,16 @@ constexpr size_t kDirectGatherMaxBytes = size_t{64} << 20;
 constexpr size_t kDirectReduceMaxBytes = size_t{16} << 20;
 // TimeSingleCopy's calls: bytes of the allgather's gathered buffer and of the allreduce where
 // every rank has a core, of the broadcast where ranks outnumber cores, and the timed runs of
-// each (after two untimed ones).
+// each way (alternated with the other's, after kWarmUpSeconds of untimed runs).
 constexpr size_t kAutoProbeBytes = size_t{1} << 20;
 constexpr size_t kAutoBroadcastProbeBytes = size_t{2} << 20;
-constexpr int kTimedRuns = 3;
+constexpr int kTimedRuns = 5;
+// Untimed runs of both ways come first, for at least this long (and two runs): on the
+// development VM's AMD CPU (P = 2, bench/RESULTS.md thirteenth pass) the window's allgather of
+// 1 MiB took 120-250 us in the first runs after start-up and 55-65 us after some hundreds of
+// them, against 80-95 us in single copy, so that two untimed runs chose the single copy at
+// every creation.
+constexpr double kWarmUpSeconds = 0.1;
 // Where ranks outnumber cores, broadcasts from ShmCollectives::kAutoBroadcastSingleCopyBytes
 // (1 MiB) up to kStreamOutputBytes may read the root's buffer (see "Single-copy Broadcast"),
 // where a broadcast of kAutoBroadcastProbeBytes ran faster that way at creation. Measured
@@ -889,22 +895,33 @@ Status ShmCollectives::ProbeSingleCopy() {
   return Status::Ok();
 }
 
-template <typename Before, typename Call>
-Status ShmCollectives::TimeBothWays(size_t* threshold, const Before& before, const Call& call,
-                                    double* best) {
+template <typename Call>
+Status ShmCollectives::TimeBothWays(size_t* threshold, const Call& call, double* best) {
   const size_t on = *threshold;
-  for (int way = 0; way < 2; ++way) {
-    *threshold = way == 1 ? on : 0;
-    best[way] = 1e30;
-    for (int run = 0; run < 2 + kTimedRuns; ++run) {
-      Status st = before();
-      if (!st.ok()) return st.WithPrefix("ShmCollectives: timing the single-copy path");
-      const auto start = std::chrono::steady_clock::now();
-      st = call();
-      const double took = Seconds(start);
-      if (!st.ok()) return st.WithPrefix("ShmCollectives: timing the single-copy path");
-      if (run >= 2) best[way] = std::min(best[way], took);
+  best[0] = best[1] = 1e30;
+  const auto start = std::chrono::steady_clock::now();
+  for (int timed = 0, run = 0; timed < kTimedRuns; ++run) {
+    // The two ways alternate run by run, so that neither has the machine's quieter moments to
+    // itself. Each call starts on every rank at once, after an allreduce of one element (back
+    // to back, a broadcast's root runs ahead of its receivers into the next call), which also
+    // says whether any rank has warmed up for kWarmUpSeconds: the same answer on every rank.
+    bool timing = false;
+    for (int way = 0; way < 2; ++way) {
+      *threshold = way == 1 ? on : 0;
+      float past = run >= 2 && Seconds(start) >= kWarmUpSeconds ? 1.0f : 0.0f, any = 0.0f;
+      Status st = AllReduce(&past, &any, 1, DType::kFloat32);
+      if (way == 0) timing = any > 0;
+      if (st.ok()) {
+        const auto begin = std::chrono::steady_clock::now();
+        st = call();
+        if (timing) best[way] = std::min(best[way], Seconds(begin));
+      }
+      if (!st.ok()) {
+        *threshold = on;
+        return st.WithPrefix("ShmCollectives: timing the single-copy path");
+      }
     }
+    if (timing) ++timed;
   }
   *threshold = on;
   return Status::Ok();
@@ -914,25 +931,20 @@ Status ShmCollectives::TimeSingleCopy() {
   // Per call, this rank's best time through the window, then in single copy.
   double best[4] = {0, 0, 0, 0};
   if (crowded_) {
-    // Each broadcast starts on every rank at once, after an allreduce of one element: back to
-    // back, the window's root runs ahead of its receivers into the next call.
     const size_t n = kAutoBroadcastProbeBytes / sizeof(float);
     std::vector<float> buf(n, 1.0f);
-    float one = 1.0f, sum = 0.0f;
     PSD_CHECK(TimeBothWays(
         &single_copy_bcast_bytes_,
-        [&] { return AllReduce(&one, &sum, 1, DType::kFloat32); },
         [&] { return Broadcast(buf.data(), n, DType::kFloat32, 0); }, best));
   } else {
     const size_t n = kAutoProbeBytes / sizeof(float);
     const size_t per_rank = n / static_cast<size_t>(size_);
     std::vector<float> in(n, 1.0f), out(n);
-    auto nothing = [] { return Status::Ok(); };
     PSD_CHECK(TimeBothWays(
-        &single_copy_bytes_, nothing,
+        &single_copy_bytes_,
         [&] { return AllGather(in.data(), out.data(), per_rank, DType::kFloat32); }, best));
     PSD_CHECK(TimeBothWays(
-        &single_copy_reduce_bytes_, nothing,
+        &single_copy_reduce_bytes_,
         [&] { return AllReduce(in.data(), out.data(), n, DType::kFloat32); }, best + 2));
   }
   // Every rank's times through the window (its deadline, and a peer that stops answering

@@ -53,9 +53,10 @@
 // 16 MiB, takes the same way: each rank sums its shard from its peers' inputs into its own
 // output, then reads every peer's summed shard out of that peer's output (the same bits as the
 // window's sums). With kSingleCopyAuto, Create times both ways of each (an allgather and an
-// allreduce of 1 MiB) and keeps the single copy for the ones it ran faster on every rank
-// (single_copy_note says what it measured): on the development VM's Intel CPU it won for both,
-// on its AMD CPU the allgather's two ways came out close. Where ranks outnumber cores kSingleCopyAuto
+// allreduce of 1 MiB, the two ways alternated after 0.1 s of untimed runs) and keeps the single
+// copy for the ones it ran faster on every rank (single_copy_note says what it measured): on
+// the development VM's Intel CPU it won for both; on its AMD CPU, once warm, the window ran
+// both 1.3-1.5x faster. Where ranks outnumber cores kSingleCopyAuto
 // instead leaves allgathers and allreduces to the window and times a broadcast of 2 MiB both
 // ways; where reading the root's buffer ran faster (mean over ranks), broadcasts of 1-32 MiB
 // take that way (see "Single-copy Broadcast" in shm_collectives.cc): a receiver returns once it
@@ -290,10 +291,11 @@ class ShmCollectives {
   // on every rank and keeps the single copy for each where it was faster (the slowest rank's
   // best of several runs); where ranks outnumber cores, a broadcast (the mean over ranks).
   Status TimeSingleCopy();
-  // Times call() with *threshold at 0 (best[0]), then at its value (best[1]): this rank's best
-  // of several runs each, before() untimed ahead of each run. Leaves *threshold as it was.
-  template <typename Before, typename Call>
-  Status TimeBothWays(size_t* threshold, const Before& before, const Call& call, double* best);
+  // Times call() with *threshold at 0 (best[0]) and at its value (best[1]), alternated: this
+  // rank's best of several runs each, after untimed runs of both for a while. Leaves
+  // *threshold as it was.
+  template <typename Call>
+  Status TimeBothWays(size_t* threshold, const Call& call, double* best);
   // After a single-copy call's reads: record this rank's outcome (err: an errno, 0 when every
   // read succeeded; from: the rank it failed to read), Sync so that no sender leaves while a
   // receiver still reads, then the same verdict on every rank from every rank's outcome.
