@@ -101,7 +101,7 @@
 // once), then sleep on the peer's word with a futex (shared, not private: the word lives in a
 // mapping of several processes), checking the caller's interrupt, if any, at every wake.
 // Outputs of 32 MiB and more are written with streaming stores (kStreamOutputBytes; a
-// broadcast's from 16 MiB, kBroadcastStreamBytes).
+// broadcast's and an allgather's from 16 MiB, kBroadcastStreamBytes and kGatherStreamBytes).
 #include "runtime/shm_collectives.h"
 
 #include <linux/futex.h>
@@ -189,6 +189,12 @@ constexpr size_t kBroadcastPieceBytes = size_t{512} << 10;
 // 2.6-4.0 ms at P = 2 and 12.8-15.8 against 17.7-21.1 ms at P = 8 (the window's way), at P = 4
 // 5.9-10.2 against 6.9-9.7 ms (the runs' spread); from 1 MiB it was slower at 1-4 MiB.
 constexpr size_t kBroadcastStreamBytes = size_t{16} << 20;
+// An allgather through the window writes its gathered output with streaming stores from this
+// size. On the development VM's AMD CPU (osu_allgather --no-peer, alternated runs, the window
+// forced, bench/RESULTS.md thirteenth pass) 16 MiB took 3200-3830 against 4360-7470 us at P = 2
+// and 13110-13740 against 15380-18900 us at P = 8, at P = 4 6120-8920 against 7380-7580 us
+// (the runs' spread); at 8 MiB (P = 2) 1350-1840 against 1590-1840 us.
+constexpr size_t kGatherStreamBytes = size_t{16} << 20;
 
 // ceil(n / per), without the division in the common case of one part: a 64-bit division
 // costs tens of cycles, on the path of every small call before its data moves.
@@ -1209,7 +1215,7 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
   // in, every peer's out) then stay within a core's L2 cache.
   const size_t per_round = std::min(slot_bytes_, kGatherRoundBytes) / es;
   const size_t rounds = Parts(largest, per_round);
-  const bool stream = total * es >= kStreamOutputBytes;
+  const bool stream = total * es >= kGatherStreamBytes;
   auto piece_len = [&](size_t c, size_t k) {
     size_t start = k * per_round;
     return start >= c ? 0 : std::min(per_round, c - start);

@@ -680,6 +680,35 @@ TEST(ShmBroadcast, StreamedOutputsOfLargeBroadcastsAreExact) {
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
+// An allgather through the window of 16 MiB and more (the gathered buffer) writes its output
+// with streaming stores (kGatherStreamBytes in shm_collectives.cc), in rounds of 256 KiB per
+// rank: parts with a tail that fills no 64-byte block, every element checked, and a small
+// allreduce after it (the stores are fenced before the call returns).
+TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
+  auto made = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 0);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  const int p = World()->size(), me = World()->rank();
+  const size_t n = (size_t{16} << 20) / sizeof(float) / static_cast<size_t>(p) + 3;
+  auto want = [](int r, size_t j) {
+    return static_cast<float>(r * 131 + static_cast<int>(j % 1009));
+  };
+  std::vector<float> in(n), out(n * static_cast<size_t>(p), -1.0f);
+  for (size_t j = 0; j < n; ++j) in[j] = want(me, j);
+  Failures failed;
+  failed.Note(shm->AllGather(in.data(), out.data(), n, DType::kFloat32));
+  size_t wrong = 0;
+  for (int r = 0; r < p; ++r) {
+    for (size_t j = 0; j < n; ++j) wrong += out[static_cast<size_t>(r) * n + j] != want(r, j);
+  }
+  std::vector<float> x(3, 1.0f), y(3);
+  failed.Note(shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32));
+  for (float v : y) wrong += v != static_cast<float>(p);
+  EXPECT_TRUE(OnEveryRank(failed.count == 0))
+      << failed.count << " calls failed; the first: " << failed.first;
+  EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
+}
+
 // Waiters that go to sleep: one rank, a different one each time, is late by 2 ms (past the
 // 200 us of yield-polling), so its peers sleep on its arrival word and its arrival (a plain
 // store where the kernel offers the waiters' barrier, see ShmCollectives::Arrive) must wake
