@@ -193,7 +193,7 @@ constexpr size_t kBroadcastStreamBytes = size_t{16} << 20;
 // size. On the development VM's AMD CPU (osu_allgather --no-peer, alternated runs, the window
 // forced, bench/RESULTS.md thirteenth pass) 16 MiB took 3200-3830 against 4360-7470 us at P = 2
 // and 13110-13740 against 15380-18900 us at P = 8, at P = 4 6120-8920 against 7380-7580 us
-// (the runs' spread); at 8 MiB (P = 2) 1350-1840 against 1590-1840 us.
+// (the runs' spread); at 8 MiB (P = 2) 1350-1760 against 1590-1840 us, one set of runs.
 constexpr size_t kGatherStreamBytes = size_t{16} << 20;
 
 // ceil(n / per), without the division in the common case of one part: a 64-bit division
