@@ -572,6 +572,19 @@ struct Failures {
     if (!st.ok() && count++ == 0) first = st.ToString();
   }
 };
+// A window with 1 MiB slots and the single copy off: large calls go through the window.
+void WideWindow(std::unique_ptr<ShmCollectives>* shm) {
+  auto made = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 0);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  *shm = std::move(made).value();
+}
+// An allreduce of three ones after a call with streamed outputs (whose stores are fenced
+// before it returns), its failure and its wrong elements counted.
+void SmallAllReduceAfter(ShmCollectives* shm, Failures* failed, size_t* wrong) {
+  std::vector<float> x(3, 1.0f), y(3);
+  failed->Note(shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32));
+  for (float v : y) *wrong += v != static_cast<float>(World()->size());
+}
 
 // Small broadcasts return on their root without waiting for the receivers (ShmCollectives,
 // "Broadcast"): a long sequence of them from rotating roots, of one slot and of several, with
@@ -654,9 +667,8 @@ TEST(ShmBroadcast, ReceiversOfOneRootRunAheadOfEachOther) {
 // with a tail that fills no 64-byte block, from two roots, every element checked, and a small
 // allreduce after each (the stores are fenced before the call returns).
 TEST(ShmBroadcast, StreamedOutputsOfLargeBroadcastsAreExact) {
-  auto made = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 0);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  std::unique_ptr<ShmCollectives> shm;
+  ASSERT_NO_FATAL_FAILURE(WideWindow(&shm));
   const int p = World()->size(), me = World()->rank();
   const size_t n = (size_t{16} << 20) / sizeof(float) + 5;
   size_t wrong = 0;
@@ -671,9 +683,7 @@ TEST(ShmBroadcast, StreamedOutputsOfLargeBroadcastsAreExact) {
     }
     failed.Note(shm->Broadcast(b.data(), n, DType::kFloat32, root));
     for (size_t j = 0; j < n; ++j) wrong += b[j] != want(j);
-    std::vector<float> x(3, 1.0f), y(3);
-    failed.Note(shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32));
-    for (float v : y) wrong += v != static_cast<float>(p);
+    SmallAllReduceAfter(shm.get(), &failed, &wrong);
   }
   EXPECT_TRUE(OnEveryRank(failed.count == 0))
       << failed.count << " calls failed; the first: " << failed.first;
@@ -685,9 +695,8 @@ TEST(ShmBroadcast, StreamedOutputsOfLargeBroadcastsAreExact) {
 // rank: parts with a tail that fills no 64-byte block, every element checked, and a small
 // allreduce after it (the stores are fenced before the call returns).
 TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
-  auto made = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 0);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  std::unique_ptr<ShmCollectives> shm = std::move(made).value();
+  std::unique_ptr<ShmCollectives> shm;
+  ASSERT_NO_FATAL_FAILURE(WideWindow(&shm));
   const int p = World()->size(), me = World()->rank();
   const size_t n = (size_t{16} << 20) / sizeof(float) / static_cast<size_t>(p) + 3;
   auto want = [](int r, size_t j) {
@@ -701,9 +710,7 @@ TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
   for (int r = 0; r < p; ++r) {
     for (size_t j = 0; j < n; ++j) wrong += out[static_cast<size_t>(r) * n + j] != want(r, j);
   }
-  std::vector<float> x(3, 1.0f), y(3);
-  failed.Note(shm->AllReduce(x.data(), y.data(), 3, DType::kFloat32));
-  for (float v : y) wrong += v != static_cast<float>(p);
+  SmallAllReduceAfter(shm.get(), &failed, &wrong);
   EXPECT_TRUE(OnEveryRank(failed.count == 0))
       << failed.count << " calls failed; the first: " << failed.first;
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
