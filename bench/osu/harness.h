@@ -8,8 +8,9 @@
 // peer, and the busbw ratio ours / peer (report.h).
 //
 // Per size and per implementation: warm-up runs, then timed runs; before each timed run the
-// output is poisoned (untimed) and the ranks meet in a barrier, after it every element is
-// compared (untimed) with an exact formula (verify.h; sparse_inputs.h for the sparse
+// output is poisoned (untimed) and the ranks meet in a barrier; after the run they meet in
+// another (as OSU's loop does after each call), then every element is compared (untimed)
+// with an exact formula (verify.h; sparse_inputs.h for the sparse
 // exchanges), so a wrong or missing result shows in #wrong. Buffers (host or device) and their
 // staging: buffers.h. Time is the average over the timed runs, averaged across ranks (min / max
 // with -f).

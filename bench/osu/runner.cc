@@ -5,8 +5,8 @@
 //   2. the header (report.h): bench/common's preamble, the thread level, sizes and columns;
 //   3. for each size, doubling from MIN to MAX: Prepare on every rank (agreed: one rank's
 //      failure stops all), untimed runs of both columns in turn (Settle), then for ours and for
-//      the peer: warm-up runs, timed runs (poison, barrier, time one run, check every element),
-//      reduce the figures across ranks;
+//      the peer: warm-up runs, timed runs (poison, barrier, time one run, barrier, check every
+//      element), reduce the figures across ranks;
 //   4. a row with both figures and the busbw ratio; the exit status says whether every result
 //      was right.
 #include "bench/osu/runner.h"
@@ -58,6 +58,10 @@ Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer
     st = run();
     double t = MPI_Wtime() - t0;
     if (!st.ok()) Fail(comm, program, st);
+    // Every rank waits here until the last one has returned, as OSU's loop does after each
+    // call: a rank that returned early would otherwise check and poison its output while its
+    // peers are still in the call, and where ranks outnumber cores that work takes their cores.
+    MPI_Barrier(comm);
     sum += t;
     lo = std::min(lo, t);
     hi = std::max(hi, t);
