@@ -47,6 +47,19 @@
 // header). On 2 cores root and receivers copy at the same time, each piece still in cache:
 // 2-4x faster than whole slots in lockstep.
 //
+// Broadcast across the slots (more than two ranks per core, from kBroadcastPieceBytes up to P
+// slots, across_bytes()): one piece, laid across every rank's slot of the stage (part j in the
+// slot of rank root + j, each slot having room for the stamp besides its slot_bytes_). The
+// root copies the whole buffer in and arrives once; a receiver waits for that arrival alone
+// and copies it all out: the way, checks and stage of a broadcast of one piece. Every slot of
+// a stage is free for it: when a call starts, every peer is done with the stage three before
+// (the invariant that lets a root reuse its own slot). With 8 ranks on 2 cores a piecewise
+// broadcast wakes each receiver once per piece and its root waits for the slowest receiver
+// before reusing a stage; this wakes each rank once. Measured (osu_broadcast, alternated
+// launches, bench/RESULTS.md fifteenth pass): at P = 8, 4 MiB 362-961 against 848-967 us and
+// 1 MiB 56-98 against 95-109 us; at P = 4 (two ranks per core) slower, 4 MiB 385-634
+// against 257-315 us, where the root's copy of the next piece still runs beside a receiver's.
+//
 // Single-copy AllGather(V) (from single_copy_bytes_ below kDirectGatherMaxBytes): every rank puts
 // its input's address in its descriptor and copies its own part; Enter; each rank reads every
 // peer's part with process_vm_readv, peers in the order rank+1, rank+2, ... so that they do not
@@ -403,7 +416,9 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   // Room for one 8-byte element per rank region (reduce-scatter), 64-byte aligned slots.
   size_t slot = std::max(chunk_bytes, static_cast<size_t>(size) * 64);
   s->slot_bytes_ = (slot + 63) / 64 * 64;
-  size_t segment = kControlBytes + kStages * s->slot_bytes_;
+  // Each slot has room for a broadcast's stamp besides its slot_bytes_ (MoveAcross).
+  s->slot_stride_ = s->slot_bytes_ + kStampBytes;
+  size_t segment = kControlBytes + kStages * s->slot_stride_;
   // At P = 2 each rank sums only one peer's copy besides its own, and saving the second Sync
   // pays up to 256 KiB (np 2 here: 64-256 KiB 10-30% faster); at P = 4 and 8 the redundant
   // sums cost more than the Sync beyond 32 KiB.
@@ -465,6 +480,10 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   // Every rank of the window counts the same cores (one node, one count for the system).
   const bool crowded = cores > 0 && size > cores;
   s->crowded_ = crowded;
+  if (cores > 0 && size > 2 * cores) {
+    s->across_bytes_ = std::min(static_cast<size_t>(size) * s->slot_bytes_,
+                                kBroadcastStreamBytes - 1);
+  }
   if (single_copy_bytes > 0 && size > 1) {
     PSD_CHECK(s->ProbeSingleCopy());
     if (!s->single_copy_note_.empty()) {
@@ -520,7 +539,7 @@ ShmCollectives::~ShmCollectives() {
 }
 
 unsigned char* ShmCollectives::Slot(int rank, uint64_t stage) const {
-  return bases_[static_cast<size_t>(rank)] + kControlBytes + (stage % kStages) * slot_bytes_;
+  return bases_[static_cast<size_t>(rank)] + kControlBytes + (stage % kStages) * slot_stride_;
 }
 
 volatile uint64_t* ShmCollectives::Counter(int rank) const {
@@ -1352,10 +1371,14 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
     return BroadcastDirect(buf, bytes, root, interrupt, a);
   }
   static_assert(sizeof(Stamp) <= kStampBytes, "stamp larger than its place");
-  const size_t piece = std::min(slot_bytes_ - kStampBytes, kBroadcastPieceBytes);
+  const bool stream = bytes >= kBroadcastStreamBytes;
+  // Crowded, a broadcast of up to P slots is one piece, laid across every rank's slot of the
+  // stage (see "Broadcast across the slots" above).
+  const bool across = bytes > kBroadcastPieceBytes && bytes <= across_bytes_;
+  const size_t piece =
+      across ? bytes : std::min(slot_bytes_ - kStampBytes, kBroadcastPieceBytes);
   const size_t pieces = Parts(bytes, piece);
   unsigned char* data = static_cast<unsigned char*>(buf);
-  const bool stream = bytes >= kBroadcastStreamBytes;
   const uint64_t index = calls_;
   uint32_t first = 0, arrival = 0;
   for (size_t k = 0; k < pieces; ++k) {
@@ -1372,7 +1395,11 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       // The stage of piece k last held piece k - 3, which a receiver is done with once it has
       // arrived for piece k - 2.
       if (k >= 2) PSD_CHECK(Await(call, interrupt, first + static_cast<uint32_t>(k - 2), -1));
-      std::memcpy(slot + kStampBytes, data + start, len);
+      if (across) {
+        MoveAcross(data, bytes, root, true);
+      } else {
+        std::memcpy(slot + kStampBytes, data + start, len);
+      }
       if (k == 0) {
         Publish(a);
         Descriptor* mine = Desc(rank_, index);
@@ -1399,7 +1426,9 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
           if (len <= kDemoteBytes) Demote(Confirmed(rank_), 8);
         }
       }
-      if (stream) {
+      if (across) {
+        MoveAcross(data, bytes, root, false);
+      } else if (stream) {
         CopyOut(data + start, slot + kStampBytes, len, stream);
       } else {
         std::memcpy(data + start, slot + kStampBytes, len);
@@ -1417,6 +1446,22 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   // too, except by a receiver whose only peer is the root.
   Defer(arrival, index, pieces == 1 && (rank_ == root || size_ > 2), root);
   return Status::Ok();
+}
+
+void ShmCollectives::MoveAcross(unsigned char* data, size_t bytes, int root, bool in) const {
+  // Part j in the slot of rank root + j (mod P) of this stage, after the place of a stamp
+  // (every slot has that room besides its slot_bytes_): the root's holds the stamp there.
+  size_t done = 0;
+  for (int j = 0; done < bytes; ++j) {
+    unsigned char* part = Slot((root + j) % size_, stage_) + kStampBytes;
+    const size_t n = std::min(bytes - done, slot_bytes_);
+    if (in) {
+      std::memcpy(part, data + done, n);
+    } else {
+      std::memcpy(data + done, part, n);
+    }
+    done += n;
+  }
 }
 
 namespace {

@@ -206,6 +206,10 @@ class ShmCollectives {
   // True once a call timed out or was interrupted: every later call fails with kAborted.
   bool broken() const { return !failure_.ok(); }
   size_t chunk_bytes() const { return chunk_bytes_; }
+  // The largest broadcast laid across every rank's slot in one piece (more than two ranks per
+  // core: see "Broadcast across the slots" in shm_collectives.cc); 0 where broadcasts of more
+  // than kBroadcastPieceBytes go in pieces.
+  size_t across_bytes() const { return across_bytes_; }
   // The single-copy threshold asked of Create, and the one in force: 0 when none was asked, or
   // when the probe turned it off (single_copy_note() then says why).
   size_t single_copy_requested() const { return single_copy_requested_; }
@@ -323,6 +327,10 @@ class ShmCollectives {
   // reads the root's buffer with process_vm_readv; the root waits until every receiver is done.
   Status BroadcastDirect(void* buf, size_t bytes, int root, const Interrupt* interrupt,
                          const CollectiveArgs& a);
+  // A broadcast of one piece laid across every rank's slot of this stage (see "Broadcast
+  // across the slots" in shm_collectives.cc): copies `bytes` of data into the slots (in) or
+  // out of them.
+  void MoveAcross(unsigned char* data, size_t bytes, int root, bool in) const;
   // The root's wait in BroadcastDirect: until every receiver whose descriptor of call `index`
   // is the root's has marked it copied.
   Status AwaitCopied(const char* call, const Interrupt* interrupt, uint64_t index, int root);
@@ -341,6 +349,7 @@ class ShmCollectives {
   std::vector<size_t> offsets_;    // a counts vector's prefix sums (ReduceScatter, AllGatherV)
   size_t chunk_bytes_ = 0;
   size_t slot_bytes_ = 0;
+  size_t slot_stride_ = 0;  // slot_bytes_ and the room for a stamp (see MoveAcross)
   size_t single_copy_requested_ = 0;
   Knobs knobs_;
   uint64_t knobs_hash_ = 0;  // of knobs_, in every descriptor (0 while knobs_ is all zero)
@@ -352,6 +361,7 @@ class ShmCollectives {
   std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer
   double timeout_s_ = 0;
   bool crowded_ = false;  // more ranks than cores (the same count on every rank)
+  size_t across_bytes_ = 0;  // see across_bytes()
   double spin_s_ = 0;  // seconds of plain spinning first (0 when ranks outnumber cores)
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep
   bool light_arrivals_ = false;  // plain arrival stores; sleepers run a barrier (see Arrive)

@@ -1082,6 +1082,94 @@ TEST_F(ShmAgreement, LayoutOrDTypeDiffersOnOneRank) {
   ExpectUsable(50000);
 }
 
+// ---- Broadcasts laid across every rank's slot ("Broadcast across the slots"). ----
+// The 1 MiB stage: with more than two ranks per core (P = 5-9 on 2 cores), broadcasts of
+// 512 KiB-P MiB take one piece across the slots; elsewhere they go in pieces and these tests
+// check that way instead (the mismatch tests skip).
+class ShmAcross : public ShmAgreement {
+ protected:
+  void SetUp() override {
+    auto s = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    shm_ = std::move(s).value();
+  }
+  // Floats in the largest broadcast across the slots (0 where there is none).
+  size_t across() const { return shm_->across_bytes() / sizeof(float); }
+};
+
+// Broadcasts just above one piece, of every slot, and one float more (in pieces), from roots
+// that rotate, between allreduces and allgathers that fill every rank's slots of the same
+// stages. Nothing synchronizes the ranks between calls: a fast rank's next call writes its own
+// slot while slow ones may still read the last broadcast.
+TEST_F(ShmAcross, BroadcastsBetweenOtherCallsKeepStagesApart) {
+  const int p = size();
+  const size_t slots = static_cast<size_t>(p) << 18;  // P MiB of floats
+  for (int round = 0; round < 3; ++round) {
+    for (size_t n : {(size_t{1} << 17) + 1, slots, slots + 1, size_t{3} << 18}) {
+      SCOPED_TRACE(StrCat("round ", round, ", n=", n, ", across up to ", across()));
+      const int root = (round + static_cast<int>(n % 7)) % p;
+      std::vector<float> b(n, -1.0f);
+      if (rank() == root) {
+        for (size_t i = 0; i < n; ++i) b[i] = static_cast<float>((root + 2) * F(i + round));
+      }
+      Status st = shm_->Broadcast(b.data(), n, DType::kFloat32, root);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(b[i]); },
+                           [&](size_t i) { return (root + 2) * F(i + round); }))
+          << "root " << root;
+      const size_t m = (size_t{3} << 17) + 7;  // 1.5 MiB: two stages of the allreduce
+      std::vector<float> x(m), y(m);
+      for (size_t i = 0; i < m; ++i) x[i] = static_cast<float>((rank() + 1) * F(i + round));
+      st = shm_->AllReduce(x.data(), y.data(), m, DType::kFloat32);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      const double tri = p * (p + 1) / 2.0;
+      EXPECT_TRUE(AllEqual(m, [&](size_t i) { return static_cast<double>(y[i]); },
+                           [&](size_t i) { return tri * F(i + round); }));
+      const size_t g = size_t{1} << 16;
+      std::vector<float> mine(g, static_cast<float>(rank() + round)), all(g * p);
+      st = shm_->AllGather(mine.data(), all.data(), g, DType::kFloat32);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      EXPECT_TRUE(AllEqual(g * p, [&](size_t i) { return static_cast<double>(all[i]); },
+                           [&](size_t i) { return static_cast<double>(i / g + round); }));
+    }
+  }
+}
+
+// One receiver's count puts it on the other way: in pieces where the root lays its buffer
+// across the slots (the root and the receivers that agree return OK, the next call fails on
+// every rank), then across the slots where the others go in pieces (every rank fails in the
+// call). The window stays in step after both.
+TEST_F(ShmAcross, CountDiffersOnOneReceiverOnEitherWay) {
+  if (size() < 3) GTEST_SKIP() << "needs a root and two receivers";
+  if (across() == 0) {
+    GTEST_SKIP() << "broadcasts go across the slots only with more than two ranks per core";
+  }
+  const size_t n = across();
+  {
+    const size_t mine = odd() ? n + 1 : n;
+    std::vector<float> b(n + 1, rank() == 0 ? 3.0f : -1.0f);
+    Status st = shm_->Broadcast(b.data(), mine, DType::kFloat32, 0);
+    EXPECT_TRUE(OnEveryRank(odd() ? st.code() == StatusCode::kMismatch : st.ok()))
+        << st.ToString();
+    if (!odd()) EXPECT_EQ(b[n - 1], 3.0f);
+    ExpectFailureCarriedToTheNextCall("element count differs across ranks");
+    ASSERT_NO_FATAL_FAILURE(ExpectUsable(1000));
+  }
+  {
+    const size_t mine = odd() ? n : n + 1;
+    std::vector<float> b(n + 1, rank() == 0 ? 4.0f : -1.0f);
+    Status st = shm_->Broadcast(b.data(), mine, DType::kFloat32, 0);
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+    EXPECT_NE(st.message().find(StrCat("element count differs across ranks (",
+                                       testing::OneOddGroups(size() - 1, std::to_string(n + 1),
+                                                             std::to_string(n)),
+                                       ")")),
+              std::string::npos)
+        << st.message();
+    ASSERT_NO_FATAL_FAILURE(ExpectUsable(1000));
+  }
+}
+
 // Through the backend (the default: every call on one node goes through the window): one
 // rank's count differs at a size Open MPI would carry (threshold raised) and at one the window
 // carries; both fail on every rank with the counts named.
