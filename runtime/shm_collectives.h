@@ -64,7 +64,8 @@
 // P = 4 on the AMD CPU the window won.
 //
 // Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the
-// usual parameter and object broadcasts, every small one). The root copies its buffer into its
+// usual parameter and object broadcasts, every small one; with more than two ranks per core,
+// up to P slots laid across every rank's slot of the stage, across_bytes()). The root copies its buffer into its
 // slot, stamps the slot's head with its call's name, arguments and index (its descriptor's
 // first part), publishes its descriptor and its arrival, and returns; a receiver publishes its
 // own, waits for the root's arrival alone, compares the root's stamp with its own descriptor
