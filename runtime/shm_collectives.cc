@@ -1151,15 +1151,17 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
                   in + (off[static_cast<size_t>(q)] + k * piece) * es, len * es);
       if (demote) Demote(slot + static_cast<size_t>(q) * piece * es, len * es);
     }
-    if (crowded_ && k == 0 && rounds == 1 && counts[static_cast<size_t>(rank_)] == 0 &&
-        deferred_.ok()) {
-      // Nothing comes to me, and ranks outnumber cores: once my pieces are in place I go, as a
-      // broadcast's root does (the verdict and my peers' reads are settled at my next call),
-      // leaving the core to the ranks that sum. Where every rank has a core, a rank with
-      // nothing to receive goes through Enter too: returning early made a reduce-scatter of
-      // 4 B at P = 2 (counts {1, 0}) take 0.60-0.64 us against 0.43-0.45 us through Enter
-      // (osu_reduce_scatter -m 4:8 -i 20000, two alternated runs each), its next call paying
-      // the settling; at P = 4 on 2 cores, going through Enter made 4 and 8 B 1.2-2.5x slower.
+    if ((crowded_ || size_ == 2) && k == 0 && rounds == 1 &&
+        counts[static_cast<size_t>(rank_)] == 0 && deferred_.ok()) {
+      // Nothing comes to me, and ranks outnumber cores or my only peer does all the summing:
+      // once my pieces are in place I go, as a broadcast's root does (the verdict and my peers'
+      // reads are settled at my next call), leaving the core to the ranks that sum. At P = 4
+      // on 2 cores, going through Enter made 4 and 8 B 1.2-2.5x slower. At P = 2 (counts
+      // {1, 0}) returning early took 0.22-0.55 us against 0.60-1.12 us through Enter
+      // (osu_reduce_scatter -m 4:16 -i 20000 with a barrier after each run, four alternated
+      // launches, bench/RESULTS.md fifteenth pass; before that barrier it measured slower, its
+      // next call paying the settling). With more than two ranks on their own cores, the
+      // ranks that sum wait for every peer anyway.
       const uint64_t index = calls_;
       Publish(a);
       const uint32_t arrival = Arrive();

@@ -87,9 +87,9 @@
 // call moves one stage on every rank too (a receiver may still be reading the stamp of a
 // broadcast whose root failed its arguments and wrote nothing). A broadcast of several pieces is
 // paced by its root the same way, but every rank checks every descriptor before the second
-// piece, so it fails in the call itself. Where ranks outnumber cores, a ReduceScatter of one
-// round returns the same way on the ranks whose share is empty (most of them in a
-// reduce-scatter of a few elements), its stage kept moved alike. Waiting at Begin also keeps
+// piece, so it fails in the call itself. Where ranks outnumber cores, or at P = 2, a
+// ReduceScatter of one round returns the same way on the ranks whose share is empty (most of
+// them in a reduce-scatter of a few elements), its stage kept moved alike. Waiting at Begin also keeps
 // the window's invariant: when a call starts, every peer has arrived for the previous one's
 // last step, as after a Sync. One
 // exception: a receiver whose next call is another broadcast from the same root skips Begin
