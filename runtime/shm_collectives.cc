@@ -56,7 +56,7 @@
 // (the invariant that lets a root reuse its own slot). With 8 ranks on 2 cores a piecewise
 // broadcast wakes each receiver once per piece and its root waits for the slowest receiver
 // before reusing a stage; this wakes each rank once. Measured (osu_broadcast, alternated
-// launches, bench/RESULTS.md fifteenth pass): at P = 8, 4 MiB 362-961 against 848-967 us and
+// launches, bench/RESULTS.md fifteenth pass): at P = 8, 4 MiB 362-962 against 848-967 us and
 // 1 MiB 56-98 against 95-109 us; at P = 4 (two ranks per core) slower, 4 MiB 385-634
 // against 257-315 us, where the root's copy of the next piece still runs beside a receiver's.
 //
@@ -1373,7 +1373,6 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
     return BroadcastDirect(buf, bytes, root, interrupt, a);
   }
   static_assert(sizeof(Stamp) <= kStampBytes, "stamp larger than its place");
-  const bool stream = bytes >= kBroadcastStreamBytes;
   // Crowded, a broadcast of up to P slots is one piece, laid across every rank's slot of the
   // stage (see "Broadcast across the slots" above).
   const bool across = bytes > kBroadcastPieceBytes && bytes <= across_bytes_;
@@ -1381,6 +1380,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       across ? bytes : std::min(slot_bytes_ - kStampBytes, kBroadcastPieceBytes);
   const size_t pieces = Parts(bytes, piece);
   unsigned char* data = static_cast<unsigned char*>(buf);
+  const bool stream = bytes >= kBroadcastStreamBytes;
   const uint64_t index = calls_;
   uint32_t first = 0, arrival = 0;
   for (size_t k = 0; k < pieces; ++k) {

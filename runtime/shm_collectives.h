@@ -63,42 +63,39 @@
 // has the data, the root once every receiver has read it. At P = 8 it won on both CPUs; at
 // P = 4 on the AMD CPU the window won.
 //
-// Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the
-// usual parameter and object broadcasts, every small one; with more than two ranks per core,
-// up to P slots laid across every rank's slot of the stage, across_bytes()). The root copies its buffer into its
-// slot, stamps the slot's head with its call's name, arguments and index (its descriptor's
-// first part), publishes its descriptor and its arrival, and returns; a receiver publishes its
-// own, waits for the root's arrival alone, compares the root's stamp with its own descriptor
-// (the stamp shares cache lines with the data it reads next; a root that failed before moving
-// data leaves an older stamp, whose index never matches) and copies the data out. So the root
-// runs ahead of slow receivers, and receivers never wait for one another (Open MPI's eager
-// broadcast behaves alike). The full check still happens on every rank: a receiver whose
-// descriptor differs from the root's stamp waits for every rank and fails with the verdict
-// Enter would give; every other rank compares every rank's descriptor of the broadcast at the
-// start of its next call (Begin, after waiting for every peer to have entered the broadcast;
-// the root reads only its receivers' confirmations where all of them matched). Where that
-// verdict is a failure, the rank fails that next call with it as its own bad argument, so the
-// next call fails on every rank, naming the broadcast's failure (with its code); the root
-// learns of a broadcast its peers refused one call late. A failure is carried once: a rank
-// that finds its early return refused only by peers that were carrying such a failure (which
-// it failed itself in the call before) does not carry it further. Such a broadcast's stage
-// stays moved on every rank, failed or not (the ranks that matched the root may still be
-// copying out of its slot when the root's next call begins), and every call that fails in the
-// call moves one stage on every rank too (a receiver may still be reading the stamp of a
-// broadcast whose root failed its arguments and wrote nothing). A broadcast of several pieces is
-// paced by its root the same way, but every rank checks every descriptor before the second
-// piece, so it fails in the call itself. Where ranks outnumber cores, or at P = 2, a
-// ReduceScatter of one round returns the same way on the ranks whose share is empty (most of
-// them in a reduce-scatter of a few elements), its stage kept moved alike. Waiting at Begin also keeps
-// the window's invariant: when a call starts, every peer has arrived for the previous one's
-// last step, as after a Sync. One
-// exception: a receiver whose next call is another broadcast from the same root skips Begin
-// (it waited for the root's last arrival in the call; the root checks the receivers and, where
-// one refused, fails its next call through Enter, which writes no stamp, so every receiver
-// fails that call too). The root's Begin still waits for every rank, so a receiver is never
-// more than two calls ahead of another: it cannot pass the root's arrival for call c + 2
-// before every rank has arrived for call c + 1, which each rank does only after it has
-// finished reading the descriptors of call c.
+// Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the usual
+// parameter and object broadcasts, every small one; with more than two ranks per core, up to P
+// slots laid across every rank's slot of the stage, across_bytes()). The root copies its buffer
+// into its slot, stamps the slot's head with its call's name, arguments and index (its descriptor's
+// first part), publishes its descriptor and its arrival, and returns; a receiver publishes its own,
+// waits for the root's arrival alone, compares the root's stamp with its own descriptor (the stamp
+// shares cache lines with the data it reads next; a root that failed before moving data leaves an
+// older stamp, whose index never matches) and copies the data out. So the root runs ahead of slow
+// receivers, and receivers never wait for one another (Open MPI's eager broadcast behaves alike).
+// The full check still happens on every rank: a receiver whose descriptor differs from the root's
+// stamp waits for every rank and fails with the verdict Enter would give; every other rank compares
+// every rank's descriptor of the broadcast at the start of its next call (Begin, after waiting for
+// every peer to have entered the broadcast; the root reads only its receivers' confirmations where
+// all of them matched). Where that verdict is a failure, the rank fails that next call with it as
+// its own bad argument, so the next call fails on every rank, naming the broadcast's failure (with
+// its code); the root learns of a broadcast its peers refused one call late. A failure is carried
+// once: a rank that finds its early return refused only by peers that were carrying such a failure
+// (which it failed itself in the call before) does not carry it further. Such a broadcast's stage
+// stays moved on every rank, failed or not (the ranks that matched the root may still be copying
+// out of its slot when the root's next call begins), and every call that fails in the call moves
+// one stage on every rank too (a receiver may still be reading the stamp of a broadcast whose root
+// failed its arguments and wrote nothing). A broadcast of several pieces is paced by its root the
+// same way, but every rank checks every descriptor before the second piece, so it fails in the call
+// itself. Where ranks outnumber cores, or at P = 2, a ReduceScatter of one round returns the same
+// way on the ranks whose share is empty (most of them in a reduce-scatter of a few elements), its
+// stage kept moved alike. Waiting at Begin also keeps the window's invariant: when a call starts,
+// every peer has arrived for the previous one's last step, as after a Sync. One exception: a
+// receiver whose next call is another broadcast from the same root skips Begin (it waited for the
+// root's last arrival in the call; the root checks the receivers and, where one refused, fails its
+// next call through Enter, which writes no stamp, so every receiver fails that call too). The
+// root's Begin still waits for every rank, so a receiver is never more than two calls ahead of
+// another: it cannot pass the root's arrival for call c + 2 before every rank has arrived for call
+// c + 1, which each rank does only after it has finished reading the descriptors of call c.
 //
 // Determinism: every output element is summed by exactly one rank, in rank order 0..P-1
 // (float16 / bfloat16 widened to float32, rounded once), so results are bitwise identical on
