@@ -841,6 +841,12 @@ Status ShmCollectives::Settle(const char* call, const Interrupt* interrupt) {
       all = __atomic_load_n(Confirmed(r), __ATOMIC_ACQUIRE) == expected;
     }
     if (all) return Status::Ok();
+  } else if (pending_confirmer_ >= 0 &&
+             __atomic_load_n(Confirmed(pending_confirmer_), __ATOMIC_ACQUIRE) ==
+                 Confirmation(pending_call_, kAllAlike)) {
+    // A reduce-scatter this rank left early: a rank that sums found every descriptor alike
+    // and said so on the arrival line just read (one that has not yet takes the longer way).
+    return Status::Ok();
   }
   // Its name as this rank published it (the call that returned early).
   const Descriptor* own = Desc(rank_, pending_call_);
@@ -1115,6 +1121,15 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
   return Status::Ok();
 }
 
+namespace {
+// The first rank with something to receive (there is one: the caller checks the total).
+int FirstSumming(const std::vector<size_t>& counts) {
+  int q = 0;
+  while (counts[static_cast<size_t>(q)] == 0) ++q;
+  return q;
+}
+}  // namespace
+
 Status ShmCollectives::ReduceScatter(const void* send, void* recv,
                                      const std::vector<size_t>& counts, DType dtype,
                                      const Interrupt* interrupt, const CollectiveArgs* args) {
@@ -1167,10 +1182,19 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       const uint32_t arrival = Arrive();
       ++calls_;
       ++stage_;
-      Defer(arrival, index, true, -1);
+      // The first rank that sums confirms the call for me (below) if every descriptor, mine
+      // included, is alike: mine says which rank that is only if it is.
+      Defer(arrival, index, true, -1, FirstSumming(counts));
       return Status::Ok();
     }
     PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(call, interrupt));
+    if (k == 0 && rounds == 1 && (crowded_ || size_ == 2) && FirstSumming(counts) == rank_ &&
+        std::find(counts.begin(), counts.end(), size_t{0}) != counts.end()) {
+      // Every descriptor is alike (Enter): the ranks with nothing to receive, which returned
+      // early (above), settle the verdict at their next call by this mark on the line they
+      // read for my arrival anyway, instead of reading every descriptor's lines.
+      __atomic_store_n(Confirmed(rank_), Confirmation(calls_ - 1, kAllAlike), __ATOMIC_RELEASE);
+    }
     size_t mine = piece_len(rank_, k);
     if (mine == 0) continue;  // my slice is shorter than the longest: nothing left to sum
     for (int r = 0; r < size_; ++r) {
@@ -1598,8 +1622,10 @@ Status ShmCollectives::FailedStages(Status verdict) {
   return verdict;
 }
 
-void ShmCollectives::Defer(uint32_t arrival, uint64_t index, bool verdict, int root) {
+void ShmCollectives::Defer(uint32_t arrival, uint64_t index, bool verdict, int root,
+                           int confirmer) {
   pending_root_ = root;
+  pending_confirmer_ = confirmer;
   pending_ = true;
   pending_arrival_ = arrival;
   pending_call_ = index;

@@ -268,8 +268,10 @@ class ShmCollectives {
   Status Settle(const char* call, const Interrupt* interrupt);
   // Leaves call `index` (its last arrival `arrival`) for the next call's Begin to settle: wait
   // for every peer's arrival, and check its agreement if `verdict`. root: a broadcast's root,
-  // whose receivers confirm (Confirmed); -1 for other calls.
-  void Defer(uint32_t arrival, uint64_t index, bool verdict, int root);
+  // whose receivers confirm (Confirmed); -1 for other calls. confirmer: a peer that checks
+  // every descriptor of the call in the call itself and confirms when all agree (kAllAlike),
+  // which settles the verdict without reading them; -1 for none.
+  void Defer(uint32_t arrival, uint64_t index, bool verdict, int root, int confirmer = -1);
   // A verdict reached in the call itself, passed through: where it is a failure, moves one
   // stage, as every rank that returned early from the call moved one (so every rank keeps the
   // same stage, and no slot that a peer may still read is written next; see Broadcast).
@@ -278,9 +280,12 @@ class ShmCollectives {
   // (and at least one is bad), and every other rank's descriptor is this rank's.
   bool OnlyCarriers(uint64_t index) const;
   // On a rank's arrival line: the last one-piece broadcast whose root's descriptor this rank
-  // (a receiver) found equal to its own, as Confirmation(call index, root).
+  // (a receiver) found equal to its own, as Confirmation(call index, root), or the last
+  // reduce-scatter in which it found every descriptor alike while a peer may have returned
+  // early, as Confirmation(call index, kAllAlike).
   uint64_t* Confirmed(int rank) const;
   static uint64_t Confirmation(uint64_t call, int root);
+  static constexpr int kAllAlike = 0xFFFFFF;  // never a rank: Confirmation keeps 24 bits of it
   Status CheckUsable(const char* call) const {
     return failure_.ok() ? Status::Ok() : Unusable(call);
   }
@@ -376,6 +381,7 @@ class ShmCollectives {
   uint32_t pending_arrival_ = 0;
   uint64_t pending_call_ = 0;
   int pending_root_ = -1;
+  int pending_confirmer_ = -1;  // a peer whose confirmation settles the verdict (see Defer)
   bool pending_verdict_ = false;  // its agreement is still to be checked (else only its arrival)
   Status deferred_;  // the settled call failed on the peers: the next Enter tells them
   Status failure_;  // the Sync that timed out or was interrupted: peers in an unknown state

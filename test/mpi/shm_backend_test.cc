@@ -1061,6 +1061,45 @@ TEST_F(ShmAgreement, ReduceScatterWithNothingToReceive) {
   ExpectUsable(4);
 }
 
+// The ranks that return early settle each call by the first summing rank's confirmation: calls
+// that agree, confirmed one after another (rank 1 sums, so rank 0 is one that returns early),
+// must not let a later disagreement pass for one of them.
+TEST_F(ShmAgreement, ReduceScatterWithNothingToReceiveAfterAgreedCalls) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const bool early = (cores > 0 && size() > cores) || size() == 2;
+  std::vector<size_t> counts(static_cast<size_t>(size()), 0);
+  counts[1] = 2;
+  std::vector<float> in(2), out(2, 0.0f);
+  for (int call = 0; call < 5; ++call) {
+    in.assign(2, static_cast<float>(rank() + call));
+    Status st = shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32);
+    ASSERT_TRUE(OkOnEveryRank(st)) << st.ToString();
+    if (rank() == 1) {
+      // sum over ranks of (rank + call)
+      const float expected = static_cast<float>(size() * (size() - 1) / 2 + size() * call);
+      EXPECT_EQ(out[0], expected);
+      EXPECT_EQ(out[1], expected);
+    }
+  }
+  // Rank 0 alone (it returns early) calls with another dtype.
+  Status st = shm_->ReduceScatter(in.data(), out.data(), counts,
+                                  rank() == 0 ? DType::kInt32 : DType::kFloat32);
+  if (early) {
+    EXPECT_TRUE(OnEveryRank(rank() != 1 ? st.ok() : st.code() == StatusCode::kMismatch))
+        << st.ToString();
+    ExpectFailureCarriedToTheNextCall("dtype differs across ranks", "ReduceScatter", 1, 0);
+  } else {
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << st.ToString();
+  }
+  ExpectUsable(3);
+  in.assign(2, 1.0f);
+  st = shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32);
+  EXPECT_TRUE(OkOnEveryRank(st)) << st.ToString();
+  if (rank() == 1) EXPECT_EQ(out[1], static_cast<float>(size()));
+  ExpectUsable(4);
+}
+
 TEST_F(ShmAgreement, LayoutOrDTypeDiffersOnOneRank) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
   const size_t p = static_cast<size_t>(size());
