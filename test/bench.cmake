@@ -8,9 +8,9 @@ if(TARGET osu_allreduce)
   psd_add_mpi_test(osu_allreduce NP 2 3 4 TIMEOUT 90 LABELS bench ARGS ${_osu_args}
                    ENV ${_osu_env})
   psd_add_mpi_test(osu_reduce_scatter NP 2 3 4 TIMEOUT 90 LABELS bench
-                   ARGS ${_osu_args} -T float64 ENV ${_osu_env})
+                   ARGS ${_osu_args} -T float64 --per-rank ENV ${_osu_env})
   psd_add_mpi_test(osu_allgather NP 2 3 4 TIMEOUT 90 LABELS bench
-                   ARGS ${_osu_args} -T float16 --json ENV ${_osu_env})
+                   ARGS ${_osu_args} -T float16 --json --per-rank ENV ${_osu_env})
 
   # bench/osu/best_peer.py end to end on a few sizes: the default and one algorithm, one
   # repetition, then one confirmation run of the pick; it exits 1 on any wrong result, and the

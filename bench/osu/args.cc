@@ -94,6 +94,8 @@ void AddOptions(cli::Flags& flags, Options* o) {
                });
   flags.Bool("--json", &o->json, "JSON instead of the table");
   flags.Bool("--no-peer", &o->no_peer, "skip Open MPI's own call");
+  flags.Bool("--per-rank", &o->per_rank,
+             "under each row, each rank's median / p90 / p99 / mean time per column");
   flags.Custom("-t,--thread-level", "LEVEL",
                "MPI thread level: single, funneled, serialized, multiple (default: the\n"
                "lowest the program needs, single for the blocking benchmarks)",

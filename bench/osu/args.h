@@ -9,6 +9,10 @@
 //   -T TYPE         element type: float32 (default), float64, float16, bfloat16, int32, int64
 //   --json          one JSON document instead of the table
 //   --no-peer       skip the MPI peer
+//   --per-rank      under each row, every rank's median, 90th and 99th percentile and mean time
+//                   per column (JSON: the row's "per_rank"): where ranks outnumber cores a
+//                   small call's time is bimodal (a rank either finds its data or waits for a
+//                   scheduler round), and the mean alone hides which ranks wait
 //   -t LEVEL        the MPI thread level asked of MPI_Init_thread: single, funneled, serialized
 //                   or multiple (default: the lowest the program needs, RequiredThreadLevel;
 //                   single for the blocking benchmarks). Ours and the peer run under the same
@@ -37,6 +41,7 @@ struct Options {
   bool full = false;
   bool json = false;
   bool no_peer = false;
+  bool per_rank = false;
   MemoryKind memory = MemoryKind::kHost;
   DType dtype = DType::kFloat32;
   int thread_level = -1;  // -t: an MPI_THREAD_* level; -1: the program's RequiredThreadLevel

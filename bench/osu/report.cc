@@ -32,6 +32,30 @@ std::string FiguresJson(const Figures& f) {
   return os.str();
 }
 
+// "[[median, p90, p99, mean], ...]" per rank, or "null" without --per-rank.
+std::string PerRankJson(const Figures& f) {
+  if (f.per_rank.empty()) return "null";
+  std::ostringstream os;
+  os << "[";
+  for (size_t r = 0; r < f.per_rank.size(); ++r) {
+    const auto& v = f.per_rank[r];
+    os << (r ? ", " : "") << "[" << v[0] << ", " << v[1] << ", " << v[2] << ", " << v[3] << "]";
+  }
+  os << "]";
+  return os.str();
+}
+
+// One comment line per column: "#   ours per rank (median / p90 / p99 / mean us): r0 ...".
+void PrintPerRank(const char* column, const Figures& f) {
+  if (f.per_rank.empty()) return;
+  std::printf("#   %s per rank (median / p90 / p99 / mean us):", column);
+  for (size_t r = 0; r < f.per_rank.size(); ++r) {
+    const auto& v = f.per_rank[r];
+    std::printf(" r%zu %.2f/%.2f/%.2f/%.2f", r, v[0], v[1], v[2], v[3]);
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 void Report::Header(const bench::Preamble& preamble, const ThreadLevels& t) {
@@ -84,10 +108,13 @@ void Report::Row(size_t bytes, size_t count, const Figures& ours, const Figures&
   if (opt_.json) {
     std::printf(
         "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"ours\": %s, "
-        "\"peer\": %s, \"busbw_ratio\": %s%s}",
+        "\"peer\": %s, \"busbw_ratio\": %s%s%s}",
         first_row_ ? "" : ",", bytes, count, DTypeName(opt_.dtype).c_str(),
         FiguresJson(ours).c_str(), peer_ ? FiguresJson(theirs).c_str() : "null",
-        peer_ ? StrCat(ratio).c_str() : "null", extra_json.c_str());
+        peer_ ? StrCat(ratio).c_str() : "null", extra_json.c_str(),
+        opt_.per_rank ? StrCat(", \"per_rank\": {\"ours\": ", PerRankJson(ours),
+                               ", \"peer\": ", PerRankJson(theirs), "}").c_str()
+                      : "");
     first_row_ = false;
     return;
   }
@@ -100,6 +127,8 @@ void Report::Row(size_t bytes, size_t count, const Figures& ours, const Figures&
   std::printf("%12zu %12zu %8s | %s | %s | %s%s\n", bytes, count, DTypeName(opt_.dtype).c_str(),
               FiguresText(ours, opt_.full).c_str(), FiguresText(theirs, opt_.full).c_str(),
               ratio_text, extra_text.c_str());
+  PrintPerRank("ours", ours);
+  if (peer_) PrintPerRank(c_.peer_name().c_str(), theirs);
   std::fflush(stdout);
 }
 

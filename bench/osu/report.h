@@ -4,6 +4,9 @@
 // with --json as one document (the preamble's facts, the options, "rows" and "ok").
 #pragma once
 
+#include <array>
+#include <vector>
+
 #include <cstddef>
 #include <string>
 
@@ -20,6 +23,8 @@ struct Figures {
   int iterations = 0;
   double algbw = 0, busbw = 0;
   unsigned long long wrong = 0;
+  // --per-rank, on rank 0: each rank's median, 90th and 99th percentile and mean time (us).
+  std::vector<std::array<double, 4>> per_rank;
 };
 
 // The MPI thread level of the run, for the header.

@@ -14,9 +14,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 #include "bench/common/preamble.h"
 #include "bench/osu/report.h"
@@ -35,6 +38,25 @@ namespace {
   std::exit(1);
 }
 
+// This rank's median, 90th and 99th percentile (nearest rank) and mean of `times` (s), in us,
+// gathered on rank 0 (empty elsewhere).
+std::vector<std::array<double, 4>> PerRank(MPI_Comm comm, std::vector<double> times, double mean) {
+  std::sort(times.begin(), times.end());
+  auto at = [&](double q) {
+    if (times.empty()) return 0.0;
+    size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(times.size())));
+    return times[std::min(times.size(), std::max<size_t>(k, 1)) - 1] * 1e6;
+  };
+  const std::array<double, 4> mine = {at(0.5), at(0.9), at(0.99), mean * 1e6};
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::vector<std::array<double, 4>> all(rank == 0 ? static_cast<size_t>(size) : 0);
+  MPI_Gather(mine.data(), 4, MPI_DOUBLE, rank == 0 ? all.data() : nullptr, 4, MPI_DOUBLE, 0,
+             comm);
+  return all;
+}
+
 Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer, size_t bytes,
                 const std::string& program) {
   MPI_Comm comm = ctx.comm->mpi_comm();
@@ -49,6 +71,8 @@ Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer
     if (!st.ok()) Fail(comm, program, st.WithPrefix(peer ? "peer warm-up" : "warm-up"));
   }
   double sum = 0, lo = 1e300, hi = 0;
+  std::vector<double> times;
+  if (opt.per_rank) times.reserve(static_cast<size_t>(f.iterations));
   unsigned long long wrong = 0;
   for (int i = 0; i < f.iterations; ++i) {
     Status st = c.PoisonOutput();
@@ -63,6 +87,7 @@ Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer
     // peers are still in the call, and where ranks outnumber cores that work takes their cores.
     MPI_Barrier(comm);
     sum += t;
+    if (opt.per_rank) times.push_back(t);
     lo = std::min(lo, t);
     hi = std::max(hi, t);
     auto w = c.CountWrong();
@@ -75,6 +100,7 @@ Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer
   MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, comm);
   MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, comm);
   MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+  if (opt.per_rank) f.per_rank = PerRank(comm, times, avg);
   double t = total_avg / ctx.world;
   f.avg_us = t * 1e6;
   f.min_us = lo * 1e6;
