@@ -15,8 +15,12 @@
 namespace poseidon {
 
 uint64_t HashCounts(const std::vector<size_t>& counts) {
-  uint64_t h = Fnv1a(counts.data(), counts.size() * sizeof(size_t));
-  h ^= counts.size();
+  // Word-wise: byte-wise FNV-1a was a chain of eight multiplies per rank on the path of every
+  // small reduce-scatter and allgatherv (101 of the 1176 instructions per call of a 4-byte
+  // reduce-scatter's empty rank at P = 2 under callgrind; 39 this way).
+  static_assert(sizeof(size_t) == sizeof(uint64_t), "counts hashed as 64-bit words");
+  uint64_t h = Mix64(HashWords(reinterpret_cast<const uint64_t*>(counts.data()), counts.size()) ^
+                     counts.size());
   return h == 0 ? 1 : h;
 }
 

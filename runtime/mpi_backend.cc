@@ -446,7 +446,7 @@ Status MpiBackend::DoReduceScatter(const void* send, void* recv,
                                    const CallOptions& opts, const CollectiveArgs& args) {
   const MpiWait how = WaitFor("MpiBackend::ReduceScatter", opts);
   PSD_CHECK(sticky_->Check(how.call));
-  const size_t bytes = SumCounts(counts) * DTypeSize(dtype);
+  const size_t bytes = static_cast<size_t>(args.count) * DTypeSize(dtype);  // the counts' sum
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.ReduceScatter(send, recv, counts, dtype, opts.interrupt, &args);
       })) {
@@ -478,7 +478,7 @@ Status MpiBackend::DoAllGatherV(const void* send, void* recv, const std::vector<
                                 DType dtype, const CallOptions& opts, const CollectiveArgs& args) {
   const MpiWait how = WaitFor("MpiBackend::AllGatherV", opts);
   PSD_CHECK(sticky_->Check(how.call));
-  const size_t total = SumCounts(counts);
+  const size_t total = static_cast<size_t>(args.count);  // the counts' sum (DescribeCounted)
   const size_t bytes = total * DTypeSize(dtype);
   if (auto done = Checked(args, how, opts.agreed, bytes, [&](ShmCollectives& w) {
         return w.AllGatherV(send, recv, counts, dtype, opts.interrupt, &args);
