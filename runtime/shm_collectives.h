@@ -66,11 +66,14 @@
 // Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the usual
 // parameter and object broadcasts, every small one; with more than two ranks per core, up to P
 // slots laid across every rank's slot of the stage, across_bytes()). The root copies its buffer
-// into its slot, stamps the slot's head with its call's name, arguments and index (its descriptor's
-// first part), publishes its descriptor and its arrival, and returns; a receiver publishes its own,
-// waits for the root's arrival alone, compares the root's stamp with its own descriptor (the stamp
-// shares cache lines with the data it reads next; a root that failed before moving data leaves an
-// older stamp, whose index never matches) and copies the data out. So the root runs ahead of slow
+// into its slot, stamps the slot's head with its call's index and a 64-bit digest of its name,
+// arguments and settings (its descriptor's first part; a head holds stamps only), publishes its
+// descriptor and its arrival, and returns; a receiver publishes its own, waits for the root's
+// arrival alone (or sees the stamp, written after the data), compares the root's digest with its
+// own descriptor's (the stamp shares the cache line of the smallest broadcasts' data; a root
+// that failed before moving data leaves an older stamp, whose index never matches; two
+// descriptors that differ in one word always differ in their digests, in several a 2^-64
+// chance of the same) and copies the data out. So the root runs ahead of slow
 // receivers, and receivers never wait for one another (Open MPI's eager broadcast behaves alike).
 // The full check still happens on every rank: a receiver whose descriptor differs from the root's
 // stamp waits for every rank and fails with the verdict Enter would give; every other rank compares
@@ -224,7 +227,11 @@ class ShmCollectives {
 
   struct Stamp;
   struct Descriptor;
+  // A rank's slot of a stage: slot_bytes_ of data, after the slot's head (SlotHead).
   unsigned char* Slot(int rank, uint64_t stage) const;
+  // The head before a slot's data: a broadcast root's stamp (and the data of the smallest
+  // broadcasts) and nothing else, so no other call's data can pass for a stamp.
+  unsigned char* SlotHead(int rank, uint64_t stage) const;
   volatile uint64_t* Counter(int rank) const;
   Descriptor* Desc(int rank, uint64_t call) const;
   // Waits until every rank has reached this rank's next arrival; call names the collective.
