@@ -1199,6 +1199,9 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
     return start >= c ? 0 : std::min(piece, c - start);
   };
 
+  // Ranks with nothing to receive return once their pieces are in place (see below) in a call
+  // of one round where ranks outnumber cores or at P = 2.
+  const bool empty_leave_early = rounds == 1 && (crowded_ || size_ == 2);
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;
     unsigned char* slot = Slot(rank_, stage);
@@ -1209,8 +1212,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
                   in + (off[static_cast<size_t>(q)] + k * piece) * es, len * es);
       if (demote) Demote(slot + static_cast<size_t>(q) * piece * es, len * es);
     }
-    if ((crowded_ || size_ == 2) && k == 0 && rounds == 1 &&
-        counts[static_cast<size_t>(rank_)] == 0 && deferred_.ok()) {
+    if (empty_leave_early && counts[static_cast<size_t>(rank_)] == 0 && deferred_.ok()) {
       // Nothing comes to me, and ranks outnumber cores or my only peer does all the summing:
       // once my pieces are in place I go, as a broadcast's root does (the verdict and my peers'
       // reads are settled at my next call), leaving the core to the ranks that sum. At P = 4
@@ -1231,7 +1233,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       return Status::Ok();
     }
     PSD_CHECK(k == 0 ? Enter(a, interrupt) : Sync(call, interrupt));
-    if (k == 0 && rounds == 1 && (crowded_ || size_ == 2) && FirstSumming(counts) == rank_ &&
+    if (empty_leave_early && FirstSumming(counts) == rank_ &&
         std::find(counts.begin(), counts.end(), size_t{0}) != counts.end()) {
       // Every descriptor is alike (Enter): the ranks with nothing to receive, which returned
       // early (above), settle the verdict at their next call by this mark on the line they

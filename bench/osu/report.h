@@ -5,10 +5,9 @@
 #pragma once
 
 #include <array>
-#include <vector>
-
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "bench/common/preamble.h"
 #include "bench/osu/args.h"

@@ -40,7 +40,8 @@ namespace {
 
 // This rank's median, 90th and 99th percentile (nearest rank) and mean of `times` (s), in us,
 // gathered on rank 0 (empty elsewhere).
-std::vector<std::array<double, 4>> PerRank(MPI_Comm comm, std::vector<double> times, double mean) {
+std::vector<std::array<double, 4>> PerRank(MPI_Comm comm, const Context& ctx,
+                                           std::vector<double> times, double mean) {
   std::sort(times.begin(), times.end());
   auto at = [&](double q) {
     if (times.empty()) return 0.0;
@@ -48,12 +49,9 @@ std::vector<std::array<double, 4>> PerRank(MPI_Comm comm, std::vector<double> ti
     return times[std::min(times.size(), std::max<size_t>(k, 1)) - 1] * 1e6;
   };
   const std::array<double, 4> mine = {at(0.5), at(0.9), at(0.99), mean * 1e6};
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  std::vector<std::array<double, 4>> all(rank == 0 ? static_cast<size_t>(size) : 0);
-  MPI_Gather(mine.data(), 4, MPI_DOUBLE, rank == 0 ? all.data() : nullptr, 4, MPI_DOUBLE, 0,
-             comm);
+  const bool root = ctx.rank == 0;
+  std::vector<std::array<double, 4>> all(root ? static_cast<size_t>(ctx.world) : 0);
+  MPI_Gather(mine.data(), 4, MPI_DOUBLE, root ? all.data() : nullptr, 4, MPI_DOUBLE, 0, comm);
   return all;
 }
 
@@ -100,7 +98,7 @@ Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer
   MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, comm);
   MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, comm);
   MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
-  if (opt.per_rank) f.per_rank = PerRank(comm, times, avg);
+  if (opt.per_rank) f.per_rank = PerRank(comm, ctx, times, avg);
   double t = total_avg / ctx.world;
   f.avg_us = t * 1e6;
   f.min_us = lo * 1e6;
