@@ -14,7 +14,7 @@
 #   bench/osu/best_peer.py --build build allreduce -np 4 -m 1K:64M -r 5
 add_library(poseidon_osu_harness STATIC
   osu/args.cc osu/collective.cc osu/buffers.cc osu/verify.cc osu/sparse_inputs.cc osu/report.cc
-  osu/runner.cc)
+  osu/runner.cc osu/node_barrier.cc)
 target_link_libraries(poseidon_osu_harness PUBLIC poseidon_bench_common poseidon_runtime)
 if(POSEIDON_CUDA_ENABLED)
   target_link_libraries(poseidon_osu_harness PUBLIC CUDA::cudart)

@@ -11,6 +11,10 @@ if(TARGET osu_allreduce)
                    ARGS ${_osu_args} -T float64 --per-rank ENV ${_osu_env})
   psd_add_mpi_test(osu_allgather NP 2 3 4 TIMEOUT 90 LABELS bench
                    ARGS ${_osu_args} -T float16 --json --per-rank ENV ${_osu_env})
+  # The broadcast from a root other than 0, timed between the harness's own node barriers
+  # (--barrier node: bench/osu/node_barrier.h), at a world size of 3 too.
+  psd_add_mpi_test(osu_broadcast NP 2 3 TIMEOUT 90 LABELS bench
+                   ARGS ${_osu_args} -T int32 -r 1 --barrier node --per-rank ENV ${_osu_env})
 
   # bench/osu/best_peer.py end to end on a few sizes: the default and one algorithm, one
   # repetition, then one confirmation run of the pick; it exits 1 on any wrong result, and the
@@ -27,6 +31,9 @@ if(TARGET osu_allreduce)
   add_test(NAME osu_bad_size_range COMMAND osu_allreduce -m 5:2)
   set_tests_properties(osu_bad_size_range PROPERTIES TIMEOUT 30 LABELS bench
     ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "MIN 5 > MAX 2")
+  add_test(NAME osu_bad_barrier COMMAND osu_broadcast --barrier tree)
+  set_tests_properties(osu_bad_barrier PROPERTIES TIMEOUT 30 LABELS bench
+    ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "expected mpi or node")
   if(NOT POSEIDON_CUDA_ENABLED)
     add_test(NAME osu_cuda_unavailable COMMAND osu_allgather -d cuda)
     set_tests_properties(osu_cuda_unavailable PROPERTIES TIMEOUT 30 LABELS bench

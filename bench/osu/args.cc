@@ -44,6 +44,10 @@ std::string ThreadLevelName(int level) {
   return StrCat("level ", level);
 }
 
+std::string BarrierName(BarrierKind kind) {
+  return kind == BarrierKind::kNode ? "node" : "mpi";
+}
+
 void AddOptions(cli::Flags& flags, Options* o) {
   flags.Custom(
       "-m,--message-size", "[MIN:]MAX",
@@ -96,6 +100,16 @@ void AddOptions(cli::Flags& flags, Options* o) {
   flags.Bool("--no-peer", &o->no_peer, "skip Open MPI's own call");
   flags.Bool("--per-rank", &o->per_rank,
              "under each row, each rank's median / p90 / p99 / mean time per column");
+  flags.Custom("--barrier", "mpi|node",
+               "the barrier around each timed run: mpi (MPI_Barrier, as OSU; default) or node\n"
+               "(a shared-memory spin barrier that drives no MPI progress; one node)",
+               [o](const std::string& flag, const std::string& v) -> Status {
+                 if (v == "mpi" || v == "node") {
+                   o->barrier = v == "mpi" ? BarrierKind::kMpi : BarrierKind::kNode;
+                   return Status::Ok();
+                 }
+                 return InvalidArgument("option ", flag, ": '", v, "'; expected mpi or node");
+               });
   flags.Custom("-t,--thread-level", "LEVEL",
                "MPI thread level: single, funneled, serialized, multiple (default: the\n"
                "lowest the program needs, single for the blocking benchmarks)",

@@ -13,6 +13,12 @@
 //                   per column (JSON: the row's "per_rank"): where ranks outnumber cores a
 //                   small call's time is bimodal (a rank either finds its data or waits for a
 //                   scheduler round), and the mean alone hides which ranks wait
+//   --barrier mpi|node
+//                   the barrier before and after each timed run: mpi (default) is MPI_Barrier,
+//                   as in OSU's loop; node is a spin barrier through a shared-memory window of
+//                   the harness's own (bench/osu/node_barrier.h, one node only), which drives no
+//                   MPI progress, so Open MPI's receivers take in an eager message inside the
+//                   timed call instead of in the barrier before it
 //   -t LEVEL        the MPI thread level asked of MPI_Init_thread: single, funneled, serialized
 //                   or multiple (default: the lowest the program needs, RequiredThreadLevel;
 //                   single for the blocking benchmarks). Ours and the peer run under the same
@@ -33,6 +39,9 @@ namespace poseidon::osu {
 
 class Collective;
 
+// The barrier around each timed run (--barrier).
+enum class BarrierKind { kMpi, kNode };
+
 struct Options {
   size_t min_bytes = 4;
   size_t max_bytes = size_t{1} << 20;
@@ -42,6 +51,7 @@ struct Options {
   bool json = false;
   bool no_peer = false;
   bool per_rank = false;
+  BarrierKind barrier = BarrierKind::kMpi;
   MemoryKind memory = MemoryKind::kHost;
   DType dtype = DType::kFloat32;
   int thread_level = -1;  // -t: an MPI_THREAD_* level; -1: the program's RequiredThreadLevel
@@ -51,6 +61,9 @@ struct Options {
 constexpr size_t kLargeBytes = size_t{1} << 20;
 // Runs at `bytes` for a count `n` given for small sizes, at least `floor_value`.
 int RunsFor(size_t bytes, int n, int floor_value);
+
+// "mpi" or "node".
+std::string BarrierName(BarrierKind kind);
 
 // "single", "funneled", "serialized", "multiple" for the MPI_THREAD_* levels.
 std::string ThreadLevelName(int level);

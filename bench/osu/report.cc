@@ -69,8 +69,10 @@ void Report::Header(const bench::Preamble& preamble, const ThreadLevels& t) {
                 bench::JsonEscape(peer_ ? c_.peer_name() : "").c_str());
     std::printf(
         "  \"mpi_thread_level\": \"%s\",\n  \"mpi_thread_level_asked\": \"%s\",\n"
-        "  \"mpi_thread_level_needed\": \"%s\",\n  \"liveness_thread\": %s,\n",
-        level.c_str(), asked.c_str(), needed.c_str(), t.liveness ? "true" : "false");
+        "  \"mpi_thread_level_needed\": \"%s\",\n  \"liveness_thread\": %s,\n"
+        "  \"barrier\": \"%s\",\n",
+        level.c_str(), asked.c_str(), needed.c_str(), t.liveness ? "true" : "false",
+        BarrierName(opt_.barrier).c_str());
     std::printf("  \"busbw_factor\": \"%s\",\n", c_.factor_text().c_str());
     std::printf(
         "  \"options\": {\"min_bytes\": %zu, \"max_bytes\": %zu, \"iterations\": %d, "
@@ -85,6 +87,10 @@ void Report::Header(const bench::Preamble& preamble, const ThreadLevels& t) {
       "liveness heartbeat thread %s\n",
       level.c_str(), asked.c_str(), t.given ? " with -t" : "", needed.c_str(),
       t.liveness ? "on" : "off");
+  std::printf("# barrier around each timed run: %s\n",
+              opt_.barrier == BarrierKind::kNode
+                  ? "node (shared-memory spin barrier, no MPI progress; --barrier node)"
+                  : "MPI_Barrier (as OSU)");
   std::printf("# sizes %zu..%zu B, %d iterations (%d above 1 MiB), %d warm-up, type %s\n",
               opt_.min_bytes, opt_.max_bytes, opt_.iterations,
               RunsFor(kLargeBytes * 2, opt_.iterations, 2), opt_.warmup,

@@ -6,7 +6,8 @@
 //   3. for each size, doubling from MIN to MAX: Prepare on every rank (agreed: one rank's
 //      failure stops all), untimed runs of both columns in turn (Settle), then for ours and for
 //      the peer: warm-up runs, timed runs (poison, barrier, time one run, barrier, check every
-//      element), reduce the figures across ranks;
+//      element; the barrier is MPI_Barrier or, with --barrier node, NodeBarrier), reduce the
+//      figures across ranks;
 //   4. a row with both figures and the busbw ratio; the exit status says whether every result
 //      was right.
 #include "bench/osu/runner.h"
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "bench/common/preamble.h"
+#include "bench/osu/node_barrier.h"
 #include "bench/osu/report.h"
 #include "runtime/liveness.h"
 #include "runtime/mpi_wait.h"
@@ -29,6 +31,9 @@
 
 namespace poseidon::osu {
 namespace {
+
+// How long a rank waits in the node barrier for the others before the run fails naming them.
+constexpr double kNodeBarrierTimeoutS = 120;
 
 // Stops every rank: a failed call on one rank would otherwise leave the others waiting.
 [[noreturn]] void Fail(MPI_Comm comm, const std::string& program, const Status& st) {
@@ -55,8 +60,19 @@ std::vector<std::array<double, 4>> PerRank(MPI_Comm comm, const Context& ctx,
   return all;
 }
 
+// The barrier around each timed run: MPI_Barrier, or the node barrier where one was made
+// (--barrier node).
+void Meet(MPI_Comm comm, NodeBarrier* node, const std::string& program) {
+  if (node == nullptr) {
+    MPI_Barrier(comm);
+    return;
+  }
+  Status st = node->Wait();
+  if (!st.ok()) Fail(comm, program, st);
+}
+
 Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer, size_t bytes,
-                const std::string& program) {
+                NodeBarrier* node, const std::string& program) {
   MPI_Comm comm = ctx.comm->mpi_comm();
   auto run = [&]() { return peer ? c.RunPeer() : c.RunOurs(); };
   Figures f;
@@ -75,7 +91,7 @@ Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer
   for (int i = 0; i < f.iterations; ++i) {
     Status st = c.PoisonOutput();
     if (!st.ok()) Fail(comm, program, st);
-    MPI_Barrier(comm);
+    Meet(comm, node, program);
     double t0 = MPI_Wtime();
     st = run();
     double t = MPI_Wtime() - t0;
@@ -83,7 +99,7 @@ Figures Measure(const Options& opt, const Context& ctx, Collective& c, bool peer
     // Every rank waits here until the last one has returned, as OSU's loop does after each
     // call: a rank that returned early would otherwise check and poison its output while its
     // peers are still in the call, and where ranks outnumber cores that work takes their cores.
-    MPI_Barrier(comm);
+    Meet(comm, node, program);
     sum += t;
     if (opt.per_rank) times.push_back(t);
     lo = std::min(lo, t);
@@ -135,6 +151,12 @@ int RunSizes(const Options& opt, const ThreadLevels& levels, Communicator& comm,
   ctx.world = comm.size();
   const bool root = ctx.rank == 0;
   const bool peer = !opt.no_peer && c.PeerSupported(ctx);
+  std::unique_ptr<NodeBarrier> node;
+  if (opt.barrier == BarrierKind::kNode) {
+    auto made = NodeBarrier::Create(comm.mpi_comm(), kNodeBarrierTimeoutS);
+    if (!made.ok()) Fail(comm.mpi_comm(), program, made.status());
+    node = std::move(*made);
+  }
   Report report(opt, c, peer);
   if (root) {
     auto pre = bench::Preamble::Gather(
@@ -170,9 +192,9 @@ int RunSizes(const Options& opt, const ThreadLevels& levels, Communicator& comm,
       // warm-up runs each instead of one).
       Settle(opt, ctx, c, peer, bytes, program);
     }
-    Figures ours = Measure(opt, ctx, c, false, bytes, program);
+    Figures ours = Measure(opt, ctx, c, false, bytes, node.get(), program);
     Figures theirs;
-    if (peer) theirs = Measure(opt, ctx, c, true, bytes, program);
+    if (peer) theirs = Measure(opt, ctx, c, true, bytes, node.get(), program);
     const std::string extra_text = c.ExtraText(), extra_json = c.ExtraJson();
     c.Release();
     if (ours.wrong > 0 || theirs.wrong > 0) exit_code = 1;
