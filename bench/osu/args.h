@@ -18,7 +18,9 @@
 //                   as in OSU's loop; node is a spin barrier through a shared-memory window of
 //                   the harness's own (bench/osu/node_barrier.h, one node only), which drives no
 //                   MPI progress, so Open MPI's receivers take in an eager message inside the
-//                   timed call instead of in the barrier before it
+//                   timed call instead of in the barrier before it. Meant for runs where every
+//                   rank has a core: where ranks outnumber cores, the order in which a barrier
+//                   lets them go decides small calls' times, and it differs from MPI_Barrier's
 //   -t LEVEL        the MPI thread level asked of MPI_Init_thread: single, funneled, serialized
 //                   or multiple (default: the lowest the program needs, RequiredThreadLevel;
 //                   single for the blocking benchmarks). Ours and the peer run under the same

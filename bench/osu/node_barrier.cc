@@ -1,6 +1,7 @@
 #include "bench/osu/node_barrier.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -52,6 +53,9 @@ Result<std::unique_ptr<NodeBarrier>> NodeBarrier::Create(MPI_Comm comm, double t
     return UnavailableError("option --barrier node: MPI's shared-memory window is not in the "
                             "unified memory model; use --barrier mpi");
   }
+  // Spinning holds a core: only where every rank of the node can have one.
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  b->spin_ = cores > 0 && b->size_ <= cores;
   b->counts_.resize(static_cast<size_t>(b->size_));
   for (int r = 0; r < b->size_; ++r) {
     MPI_Aint bytes = 0;
@@ -90,7 +94,7 @@ Status NodeBarrier::Wait() {
       started = true;
     }
     while (!arrived(r)) {
-      if (Since(start) < kSpinSeconds) {
+      if (spin_ && Since(start) < kSpinSeconds) {
         Relax();
         continue;
       }

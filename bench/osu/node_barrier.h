@@ -12,8 +12,10 @@
 //
 // Each rank owns one 64-byte line of the window holding the count of barriers it has entered.
 // Wait() bumps its own count and returns once every rank's count has reached it: spinning for
-// up to 2 us, then yielding the core between looks (ranks may outnumber cores). A rank that
-// does not arrive within the deadline is named in the error (never a hang).
+// up to 2 us where every rank of the node can have a core, then yielding the core between
+// looks (at once where ranks outnumber cores: a spinning rank would hold the core a peer needs;
+// at 4 ranks on 2 cores a 2 us spin made a 4-256 B broadcast take 0.33-0.43 us against 0.11).
+// A rank that does not arrive within the deadline is named in the error (never a hang).
 #pragma once
 
 #include <mpi.h>
@@ -49,6 +51,7 @@ class NodeBarrier {
   std::vector<uint64_t*> counts_;  // each rank's count, in its line of the window
   uint64_t entered_ = 0;
   double timeout_s_ = 0;
+  bool spin_ = false;  // spin before yielding (every rank of the node has a core)
 };
 
 }  // namespace poseidon::osu
