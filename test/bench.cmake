@@ -16,6 +16,11 @@ if(TARGET osu_allreduce)
   psd_add_mpi_test(osu_broadcast NP 2 3 TIMEOUT 90 LABELS bench
                    ARGS ${_osu_args} -T int32 -r 1 --barrier node --per-rank ENV ${_osu_env})
 
+  # The harness's node barrier itself: no rank leaves early; a missing rank named at the deadline.
+  add_executable(node_barrier_test mpi/node_barrier_test.cc)
+  target_link_libraries(node_barrier_test PRIVATE poseidon_osu_harness GTest::gtest)
+  psd_add_mpi_test(node_barrier_test NP 1 2 3 TIMEOUT 60 LABELS bench)
+
   # bench/osu/best_peer.py end to end on a few sizes: the default and one algorithm, one
   # repetition, then one confirmation run of the pick; it exits 1 on any wrong result, and the
   # table must carry the confirmed columns.
