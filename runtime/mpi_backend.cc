@@ -98,7 +98,10 @@ Status MpiBackend::MeetBeforeBlocking(const MpiWait& how) {
 // (the predicates below restate them: dtype, memory, MPI's element limit, the buffers, the
 // root), no earlier call gave up, the window exists at the current settings and carries the
 // size (Direct); the window checks the call against the peers' in its first step, as on the
-// checked path. Anything else takes the checked path, which builds the errors.
+// checked path. Anything else takes the checked path, which builds the errors. A rank alone in
+// its communicator has no peer to check the call against or to move data to: a valid call's
+// result is its own input (Alone), without the window's steps (np 1: a 4 B allreduce took 0.09
+// us that way against Open MPI's 0.04 us, a 4 KiB broadcast 0.15 us against 0.03 us).
 PSD_CHECKED_BACKEND_DIRECT_COUNTED_CALLS(MpiBackend)
 
 ShmCollectives* MpiBackend::Direct(size_t bytes, DType dtype, const CallOptions& opts) const {
@@ -110,11 +113,17 @@ ShmCollectives* MpiBackend::Direct(size_t bytes, DType dtype, const CallOptions&
   return direct ? shm : nullptr;
 }
 
+Status MpiBackend::Alone(const void* send, void* recv, size_t bytes) {
+  if (bytes > 0 && send != recv) std::memmove(recv, send, bytes);
+  return Status::Ok();
+}
+
 Status MpiBackend::AllReduce(const void* send, void* recv, size_t count, DType dtype,
                              const CallOptions& opts) {
   ShmCollectives* shm = Direct(count * DTypeSize(dtype), dtype, opts);
   if (shm != nullptr && count <= static_cast<size_t>(INT_MAX) &&
       ((send != nullptr && recv != nullptr) || count == 0)) {
+    if (size_ == 1) return Alone(send, recv, count * DTypeSize(dtype));
     const CollectiveArgs args{"AllReduce", static_cast<int64_t>(count),
                               static_cast<int64_t>(dtype), -1, 0, Status::Ok(), opts.detail};
     return ShmResult(*shm, shm->AllReduce(send, recv, count, dtype, opts.interrupt, &args));
@@ -128,6 +137,7 @@ Status MpiBackend::AllGather(const void* send, void* recv, size_t count, DType d
   ShmCollectives* shm = Direct(all * DTypeSize(dtype), dtype, opts);
   if (shm != nullptr && count <= static_cast<size_t>(INT_MAX / size_) &&
       ((send != nullptr && recv != nullptr) || count == 0)) {
+    if (size_ == 1) return Alone(send, recv, count * DTypeSize(dtype));
     const CollectiveArgs args{"AllGather", static_cast<int64_t>(count),
                               static_cast<int64_t>(dtype), -1, 0, Status::Ok(), opts.detail};
     return ShmResult(*shm, shm->AllGather(send, recv, count, dtype, opts.interrupt, &args));
@@ -140,6 +150,7 @@ Status MpiBackend::Broadcast(void* buf, size_t count, DType dtype, int root,
   ShmCollectives* shm = Direct(count * DTypeSize(dtype), dtype, opts);
   if (shm != nullptr && root >= 0 && root < size_ && count <= static_cast<size_t>(INT_MAX) &&
       (buf != nullptr || count == 0)) {
+    if (size_ == 1) return Status::Ok();  // the root's buffer is the result
     const CollectiveArgs args{"Broadcast", static_cast<int64_t>(count),
                               static_cast<int64_t>(dtype), root, 0, Status::Ok(), opts.detail};
     return ShmResult(*shm, shm->Broadcast(buf, count, dtype, root, opts.interrupt, &args));

@@ -85,6 +85,8 @@ class MpiBackend final : public CheckedBackend {
   }
   static Status NullBuffer(const char* call, const char* which, size_t count);
   static Status TooMany(const char* call, size_t elements);
+  // A valid allreduce or allgather on a communicator of one rank: recv gets send's bytes.
+  static Status Alone(const void* send, void* recv, size_t bytes);
   // Each first refuses at once when an earlier call gave up (the communicator is then dead:
   // even the agreement cannot run), then agrees through Checked.
   PSD_CHECKED_BACKEND_HOOKS
