@@ -5,7 +5,9 @@
 #   mpirun -np 4 --oversubscribe build/bench/osu/osu_allreduce -m 1K:64M -f
 #   mpirun -np 4 --oversubscribe build/bench/osu/osu_broadcast -m 1K:64M -f [-r ROOT]
 # MPI starts at the lowest thread level the program needs (single for these blocking ones);
-# -t single|funneled|serialized|multiple asks for another, and the header names it.
+# -t single|funneled|serialized|multiple asks for another, and the header names it. Each timed
+# call sits between two MPI_Barrier calls, as in OSU's loop; --barrier node uses the harness's
+# own shared-memory barrier instead (bench/osu/node_barrier.h: no MPI progress between calls).
 # The peer column is Open MPI's default algorithm. bench/osu/best_peer.py runs a program once
 # per coll_tuned configuration (the default, then every algorithm of the collective, and a few
 # segment sizes for those that take one), repeated and interleaved, and prints per size our
