@@ -1,7 +1,6 @@
 #include "bench/osu/node_barrier.h"
 
 #include <sched.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -53,21 +52,33 @@ Result<std::unique_ptr<NodeBarrier>> NodeBarrier::Create(MPI_Comm comm, double t
     return UnavailableError("option --barrier node: MPI's shared-memory window is not in the "
                             "unified memory model; use --barrier mpi");
   }
-  // Spinning holds a core: only where every rank of the node can have one.
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  // Spinning holds a core: only where every rank of the node can have one (of the cores this
+  // process may run on).
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int cores = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
   b->spin_ = cores > 0 && b->size_ <= cores;
+  // Every rank takes the same way out (a failure on one rank alone would leave the others in
+  // the barrier below while it frees the window in its destructor).
   b->counts_.resize(static_cast<size_t>(b->size_));
-  for (int r = 0; r < b->size_; ++r) {
+  Status st;
+  for (int r = 0; r < b->size_ && st.ok(); ++r) {
     MPI_Aint bytes = 0;
     int unit = 0;
     void* at = nullptr;
     rc = MPI_Win_shared_query(b->win_, r, &bytes, &unit, &at);
-    if (rc != MPI_SUCCESS) return MpiError("MPI_Win_shared_query", rc);
+    if (rc != MPI_SUCCESS) st = MpiError("MPI_Win_shared_query", rc);
     b->counts_[static_cast<size_t>(r)] = static_cast<uint64_t*>(at);
   }
-  rc = MPI_Win_lock_all(MPI_MODE_NOCHECK, b->win_);
-  if (rc != MPI_SUCCESS) return MpiError("MPI_Win_lock_all", rc);
-  b->locked_ = true;
+  if (st.ok()) {
+    rc = MPI_Win_lock_all(MPI_MODE_NOCHECK, b->win_);
+    if (rc != MPI_SUCCESS) st = MpiError("MPI_Win_lock_all", rc);
+    b->locked_ = rc == MPI_SUCCESS;
+  }
+  int ok = st.ok() ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, b->node_);
+  if (!st.ok()) return st;
+  if (!all_ok) return InternalError("option --barrier node: another rank failed to set up its window");
   __atomic_store_n(static_cast<uint64_t*>(mine), 0, __ATOMIC_RELEASE);
   MPI_Barrier(b->node_);  // every count is 0 before anyone waits on one
   return b;
@@ -104,6 +115,7 @@ Status NodeBarrier::Wait() {
         for (int q = 0; q < size_; ++q) {
           if (q != rank_ && !arrived(q)) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
         }
+        if (missing.empty()) break;  // the last one came during the yield
         return TimeoutError("node barrier (--barrier node): rank ", rank_, " waited ",
                             timeout_s_, " s at barrier ", target, " for node rank(s) ", missing,
                             "; a rank stopped, is stuck or died");

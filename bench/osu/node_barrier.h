@@ -12,7 +12,7 @@
 //
 // Each rank owns one 64-byte line of the window holding the count of barriers it has entered.
 // Wait() bumps its own count and returns once every rank's count has reached it: spinning for
-// up to 2 us where every rank of the node can have a core, then yielding the core between
+// up to 2 us where every rank of the node can have a core (of those the process may run on), then yielding the core between
 // looks (at once where ranks outnumber cores: a spinning rank would hold the core a peer needs;
 // at 4 ranks on 2 cores a 2 us spin made a 4-256 B broadcast take 0.32-0.43 us against 0.11).
 // A rank that does not arrive within the deadline is named in the error (never a hang).
