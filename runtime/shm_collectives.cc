@@ -144,6 +144,7 @@
 #include "runtime/or_agreement.h"
 #include "runtime/hash.h"
 #include "runtime/shm_reduce.h"
+#include "runtime/spin.h"
 #include "runtime/shard.h"
 
 namespace poseidon {
@@ -218,16 +219,6 @@ constexpr size_t kGatherStreamBytes = size_t{16} << 20;
 // costs tens of cycles, on the path of every small call before its data moves.
 inline size_t Parts(size_t n, size_t per) {
   return n <= per ? (n > 0 ? 1 : 0) : (n + per - 1) / per;
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
 }  // namespace
@@ -379,7 +370,7 @@ uint32_t YieldPoll(uint32_t* word, uint32_t seen, uint32_t* arrivals, double sec
   do {
     sched_yield();
     seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-  } while (!done(seen) && !Left(arrivals) && Seconds(start) < seconds);
+  } while (!done(seen) && !Left(arrivals) && SecondsSince(start) < seconds);
   return seen;
 }
 // The ranks in [lo, hi) for which waiting(rank) holds, as "1, 4, 5" (a timeout's message).
@@ -681,7 +672,7 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
           CpuRelax();
           seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
         }
-      } while (!Reached(seen, target) && Seconds(spin_start) < spin_s_);
+      } while (!Reached(seen, target) && SecondsSince(spin_start) < spin_s_);
     }
     // Then yield the core while polling.
     auto reached = [target](uint32_t v) { return Reached(v, target); };
@@ -710,7 +701,7 @@ Status ShmCollectives::Await(const char* call, const Interrupt* interrupt, uint3
       seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
       if (Reached(seen, target)) break;
       if (Status st = Interrupted(call, interrupt); !st.ok()) return st;
-      if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
+      if (timeout_s_ > 0 && SecondsSince(start) > timeout_s_) {
         const std::string missing = RanksWhere(lo, hi, [&](int q) {
           return q != rank_ &&
                  !Reached(__atomic_load_n(Word(Counter(q)), __ATOMIC_ACQUIRE), target);
@@ -981,13 +972,13 @@ Status ShmCollectives::TimeBothWays(size_t* threshold, const Call& call, double*
     bool timing = false;
     for (int way = 0; way < 2; ++way) {
       *threshold = way == 1 ? on : 0;
-      float past = run >= 2 && Seconds(start) >= kWarmUpSeconds ? 1.0f : 0.0f, any = 0.0f;
+      float past = run >= 2 && SecondsSince(start) >= kWarmUpSeconds ? 1.0f : 0.0f, any = 0.0f;
       Status st = AllReduce(&past, &any, 1, DType::kFloat32);
       if (way == 0) timing = any > 0;
       if (st.ok()) {
         const auto begin = std::chrono::steady_clock::now();
         st = call();
-        if (timing) best[way] = std::min(best[way], Seconds(begin));
+        if (timing) best[way] = std::min(best[way], SecondsSince(begin));
       }
       if (!st.ok()) {
         *threshold = on;
@@ -1628,7 +1619,7 @@ Status ShmCollectives::AwaitCopied(const char* call, const Interrupt* interrupt,
                                 "broadcast buffer");
         return failure_;
       }
-      if (timeout_s_ > 0 && Seconds(start) > timeout_s_) {
+      if (timeout_s_ > 0 && SecondsSince(start) > timeout_s_) {
         const std::string missing = RanksWhere(0, size_, [&](int q) {
           return reads(q) && __atomic_load_n(&Desc(q, index)->copied, __ATOMIC_ACQUIRE) != want;
         });

@@ -6,22 +6,13 @@
 #include <string>
 
 #include "runtime/mpi_wait.h"
+#include "runtime/spin.h"
 
 namespace poseidon::osu {
 namespace {
 
 constexpr MPI_Aint kLineBytes = 64;
 constexpr double kSpinSeconds = 2e-6;
-
-inline void Relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 }  // namespace
 
@@ -105,12 +96,12 @@ Status NodeBarrier::Wait() {
       started = true;
     }
     while (!arrived(r)) {
-      if (spin_ && Since(start) < kSpinSeconds) {
-        Relax();
+      if (spin_ && SecondsSince(start) < kSpinSeconds) {
+        CpuRelax();
         continue;
       }
       sched_yield();
-      if (Since(start) > timeout_s_) {
+      if (SecondsSince(start) > timeout_s_) {
         std::string missing;
         for (int q = 0; q < size_; ++q) {
           if (q != rank_ && !arrived(q)) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
