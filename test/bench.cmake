@@ -30,6 +30,11 @@ if(TARGET osu_allreduce)
       "set -o pipefail; '${Python3_EXECUTABLE}' '${PROJECT_SOURCE_DIR}/bench/osu/best_peer.py' allreduce --build '${PROJECT_BINARY_DIR}' --mpirun '${MPIEXEC_EXECUTABLE}' -np 2 -m 4:64 -r 1 -i 3 -x 1 --algorithms 1 --segsizes '' --confirm 1 --timeout 60 | grep 'confirmed best / ours'")
     set_tests_properties(best_peer_smoke PROPERTIES TIMEOUT 180 LABELS "mpi;bench"
       ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}")
+    # bench/osu/standing.py (one table from best_peer.py's JSON files) on synthetic documents:
+    # grouping, spans, floors, --check's status, and its errors.
+    add_test(NAME standing_script COMMAND ${Python3_EXECUTABLE}
+      ${PROJECT_SOURCE_DIR}/test/python/standing_test.py ${PROJECT_SOURCE_DIR})
+    set_tests_properties(standing_script PROPERTIES TIMEOUT 120 LABELS "unit;bench")
   endif()
 
   # Option errors, one process (MPI singleton): clear messages, exit status 2.

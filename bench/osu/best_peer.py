@@ -39,7 +39,9 @@ times by 2-4x between runs, a large effect); measuring the pick on runs that did
 removes that bias, and pairing removes the placement noise between the columns.
 
 Output: a Markdown table (for bench/RESULTS.md) on stdout or --markdown FILE, and with
---json FILE every sample, configuration and command line.
+--json FILE every sample, configuration and command line. bench/osu/standing.py reads any
+number of those JSON files and prints one row per collective and world size: the span of the
+ratios and every size below its floor.
 
 Usage:
   bench/osu/best_peer.py [--build DIR | --bin PATH] [-np N] [-m [MIN:]MAX] [-r REPS]
