@@ -27,6 +27,8 @@ import argparse
 import json
 import sys
 
+from best_peer import human_size  # this directory's best_peer.py: the sizes as its tables name them
+
 ORDER = ["allreduce", "reduce_scatter", "allgather", "broadcast"]
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
          "G": 1 << 30, "GiB": 1 << 30}
@@ -67,13 +69,6 @@ def parse_floor(rule):
     return (coll, int(p), lo_b, hi_b, r)
 
 
-def human_size(b):
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if b >= (1 << shift) and b % (1 << shift) == 0:
-            return "%d %s" % (b >> shift, unit)
-    return "%d B" % b
-
-
 def load(path):
     try:
         with open(path) as f:
@@ -86,6 +81,10 @@ def load(path):
     name = doc["program"][len("osu_"):] if doc["program"].startswith("osu_") else ""
     if name not in ORDER:
         fail("%s: program %r is not one of osu_%s" % (path, doc["program"], ", osu_".join(ORDER)))
+    if not doc["rows"] or not all(isinstance(r, dict) and isinstance(r.get("size"), int)
+                                  for r in doc["rows"]):
+        fail("%s: expected rows with a byte size each, as best_peer.py writes them; found %s"
+             % (path, "none" if not doc["rows"] else "a row without one"))
     doc["collective_name"] = name
     return doc
 
