@@ -249,6 +249,21 @@ class ShmCollectives {
   bool AllArrived(uint32_t target) const;
   // A call's first step: publish args, Sync, compare every rank's descriptor (see the top).
   Status Enter(const CollectiveArgs& args, const Interrupt* interrupt);
+  // Enter for a call whose data for the peers lies on this rank's stamp line (at most
+  // kInlineBytes after the SlotStamp in its head of stage_, InlineData, written before this):
+  // publish args, stamp the head (StampHead), arrive, and wait for every peer's stamp of this
+  // call alone, or for its arrival where the stamp is not there yet. Where every peer's stamp
+  // carries this rank's digest, OK: a peer then reads one line of this rank's per call instead
+  // of its arrival, descriptor and data. Otherwise (a peer disagrees, or took Enter, which
+  // stamps nothing) it waits for every rank and returns Enter's verdict, which every rank
+  // reaches alike. Mixes with Enter on other ranks.
+  Status EnterInline(const CollectiveArgs& args, const Interrupt* interrupt);
+  // The data beside the stamp in a rank's head of a stage (kInlineBytes of room).
+  unsigned char* InlineData(int rank, uint64_t stage) const;
+  // Stamps this rank's head of stage_ with the digest of its published descriptor of call
+  // `index` and, last, the mark of that call (release: a peer that reads the mark has the data
+  // and the digest).
+  void StampHead(uint64_t index);
   // Enter's halves: write this rank's descriptor of the next call; the verdict every rank
   // reaches from every rank's descriptor of call `call` (all of them published).
   void Publish(const CollectiveArgs& args);
