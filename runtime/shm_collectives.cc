@@ -8,16 +8,22 @@
 // Sync; every rank sums every slot in rank order into its own output. One Sync, and the same
 // bits as the pipelined form below (each element is summed in the same order).
 //
-// The smallest calls (an AllReduce of up to 48 bytes, a ReduceScatter of up to 48 bytes in all,
-// an AllGather(V) of up to 48 bytes per rank: kInlineBytes) put a rank's data on the cache line
-// of its slot's head, beside a stamp of the call (its index and its descriptor's digest, as a
-// broadcast root does), and wait for every peer's stamp instead of its arrival (EnterInline).
-// Where every stamp carries the rank's own digest, a peer's call costs one line of its memory
-// instead of its arrival line, its descriptor's two lines and its data. At P = 2, 16 alternated
-// launches of each build (bench/RESULTS.md nineteenth pass), the launches' third quartile fell
-// from 1.34-1.53 to 1.09-1.16 us (osu_allreduce 4-32 B), 1.23-1.32 to 0.78-0.84 us
-// (osu_allgather 8-32 B) and 0.79-1.57 to 0.68-1.27 us (osu_reduce_scatter 4-16 B); the
-// medians stayed within 0.12 us or fell.
+// Calls of one step (an AllReduce of the one-Sync size, a ReduceScatter or AllGather(V) of one
+// round) stamp their slot's head with the call's index and their descriptor's digest, as a
+// broadcast root does, and wait for every peer's stamp instead of its arrival (EnterStamped):
+// where every stamp carries the rank's own digest, a peer's call costs its stamp line and its
+// data instead of its arrival line, its descriptor's two lines and its data. The smallest (an
+// AllReduce of up to 48 bytes, a ReduceScatter of up to 48 bytes in all, an AllGather(V) of up to
+// 48 bytes per rank: kInlineBytes) put the data on the stamp's line, so a peer's call costs one
+// line. Measured at P = 2 on the development VM's family 25 AMD CPU, alternated launches of each
+// build, `--no-peer` (bench/RESULTS.md nineteenth pass):
+//   - data on the stamp's line, 16 launches each: the launches'
+//     third quartile fell from 1.34-1.53 to 1.09-1.16 us (osu_allreduce 4-32 B), 1.23-1.32 to
+//     0.78-0.84 us (osu_allgather 8-32 B) and 0.79-1.57 to 0.68-1.27 us (osu_reduce_scatter
+//     4-16 B); the medians stayed within 0.12 us or fell;
+//   - every call of one step, 12 launches each: the medians fell from
+//     1.51-2.78 to 1.40-2.63 us (osu_reduce_scatter 64 B-4 KiB), from 1.34-2.48 to 1.10-2.41 us
+//     (osu_allgather 128 B-4 KiB) and from 1.44-3.59 to 1.30-3.53 us (osu_allreduce 64 B-4 KiB).
 //
 // AllReduce, larger (P ranks, E = elements per slot, chunk k = elements [kE, (k+1)E)):
 //   1. copy chunk 0 of my input into my slot of stage 0, except my own shard of it (I read
@@ -830,7 +836,7 @@ void ShmCollectives::StampHead(uint64_t index) {
   __atomic_store_n(&stamp->mark, index + 1, __ATOMIC_RELEASE);
 }
 
-Status ShmCollectives::EnterInline(const CollectiveArgs& args, const Interrupt* interrupt) {
+Status ShmCollectives::EnterStamped(const CollectiveArgs& args, const Interrupt* interrupt) {
   // A failure to carry, or this rank's own bad arguments: Enter, which stamps nothing, so that
   // every peer takes the long way below.
   if (!deferred_.ok() || !args.local.ok()) return Enter(args, interrupt);
@@ -1150,15 +1156,11 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
   std::vector<const void*>& srcs = srcs_;
 
   if (count * es <= one_shot_bytes_) {
-    // The smallest lie beside the stamp, on the one line a peer reads (EnterInline).
+    // The smallest lie beside the stamp, on the one line a peer reads (EnterStamped).
     const bool inline_data = count * es <= kInlineBytes;
     std::memcpy(inline_data ? InlineData(rank_, stage_) : Slot(rank_, stage_), in, count * es);
-    if (inline_data) {
-      PSD_CHECK(EnterInline(a, interrupt));
-    } else {
-      if (count * es <= kDemoteBytes) Demote(Slot(rank_, stage_), count * es);
-      PSD_CHECK(Enter(a, interrupt));
-    }
+    if (!inline_data && count * es <= kDemoteBytes) Demote(Slot(rank_, stage_), count * es);
+    PSD_CHECK(EnterStamped(a, interrupt));
     for (int r = 0; r < size_; ++r) {
       srcs[static_cast<size_t>(r)] =
           r == rank_ ? send : inline_data ? InlineData(r, stage_) : Slot(r, stage_);
@@ -1242,7 +1244,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
   const std::vector<size_t>& off = offsets_;
   const size_t largest = *std::max_element(counts.begin(), counts.end());
   const size_t rounds = Parts(largest, piece);
-  // The smallest: my whole input beside my stamp, on the one line a peer reads (EnterInline).
+  // The smallest: my whole input beside my stamp, on the one line a peer reads (EnterStamped).
   const bool inline_data = rounds == 1 && total * es <= kInlineBytes;
   const bool demote = rounds == 1 && total * es <= kDemoteBytes;
   const unsigned char* in = static_cast<const unsigned char*>(send);
@@ -1282,9 +1284,9 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       // ranks that sum wait for every peer anyway.
       const uint64_t index = calls_;
       Publish(a);
-      if (inline_data) StampHead(index);
+      StampHead(index);
       const uint32_t arrival = Arrive();
-      if (inline_data) Demote(SlotHead(rank_, stage_), kStampBytes);
+      Demote(SlotHead(rank_, stage_), kStampBytes);
       ++calls_;
       ++stage_;
       // The first rank that sums confirms the call for me (below) if every descriptor, mine
@@ -1293,7 +1295,7 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
       return Status::Ok();
     }
     PSD_CHECK(k > 0 ? Sync(call, interrupt)
-                    : inline_data ? EnterInline(a, interrupt) : Enter(a, interrupt));
+                    : rounds == 1 ? EnterStamped(a, interrupt) : Enter(a, interrupt));
     if (empty_leave_early && FirstSumming(counts) == rank_ &&
         std::find(counts.begin(), counts.end(), size_t{0}) != counts.end()) {
       // Every descriptor is alike (Enter): the ranks with nothing to receive, which returned
@@ -1378,10 +1380,10 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
     if (len > 0) std::memcpy(Slot(rank_, stage_ + k), in + k * per_round * es, len * es);
   };
   // The smallest: every rank's part beside its stamp, on the one line a peer reads
-  // (EnterInline).
+  // (EnterStamped).
   if (rounds == 1 && largest * es <= kInlineBytes) {
     if (count > 0) std::memcpy(InlineData(rank_, stage_), in, count * es);
-    PSD_CHECK(EnterInline(a, interrupt));
+    PSD_CHECK(EnterStamped(a, interrupt));
     for (int r = 0; r < size_; ++r) {
       if (r != rank_ && layout.count(r) > 0) {
         std::memcpy(out + layout.offset(r) * es, InlineData(r, stage_), layout.count(r) * es);
@@ -1392,7 +1394,7 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
   }
   copy_in(0);
   if (rounds == 1 && count * es <= kDemoteBytes) Demote(Slot(rank_, stage_), count * es);
-  PSD_CHECK(Enter(a, interrupt));
+  PSD_CHECK(rounds == 1 ? EnterStamped(a, interrupt) : Enter(a, interrupt));
   uint32_t next = 0;
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;

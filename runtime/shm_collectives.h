@@ -249,15 +249,15 @@ class ShmCollectives {
   bool AllArrived(uint32_t target) const;
   // A call's first step: publish args, Sync, compare every rank's descriptor (see the top).
   Status Enter(const CollectiveArgs& args, const Interrupt* interrupt);
-  // Enter for a call whose data for the peers lies on this rank's stamp line (at most
-  // kInlineBytes after the SlotStamp in its head of stage_, InlineData, written before this):
+  // Enter for a call of one step whose data for the peers is in place (in this rank's slot of
+  // stage_, or, at most kInlineBytes, after the SlotStamp on its head's line: InlineData):
   // publish args, stamp the head (StampHead), arrive, and wait for every peer's stamp of this
   // call alone, or for its arrival where the stamp is not there yet. Where every peer's stamp
-  // carries this rank's digest, OK: a peer then reads one line of this rank's per call instead
-  // of its arrival, descriptor and data. Otherwise (a peer disagrees, or took Enter, which
-  // stamps nothing) it waits for every rank and returns Enter's verdict, which every rank
-  // reaches alike. Mixes with Enter on other ranks.
-  Status EnterInline(const CollectiveArgs& args, const Interrupt* interrupt);
+  // carries this rank's digest, OK: a peer then reads this rank's stamp line (and its data)
+  // instead of its arrival line, its descriptor's two lines and its data. Otherwise (a peer
+  // disagrees, or took Enter, which stamps nothing) it waits for every rank and returns
+  // Enter's verdict, which every rank reaches alike. Mixes with Enter on other ranks.
+  Status EnterStamped(const CollectiveArgs& args, const Interrupt* interrupt);
   // The data beside the stamp in a rank's head of a stage (kInlineBytes of room).
   unsigned char* InlineData(int rank, uint64_t stage) const;
   // Stamps this rank's head of stage_ with the digest of its published descriptor of call

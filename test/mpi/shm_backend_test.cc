@@ -1127,55 +1127,63 @@ TEST_F(ShmAgreement, LayoutOrDTypeDiffersOnOneRank) {
   ExpectUsable(50000);
 }
 
-// The smallest allreduce, reduce-scatter and allgather carry their data beside a stamp of the
-// call (EnterInline): a peer's call is checked by its stamp's digest alone. One rank's dtype of
-// the same width (float32 / int32: the same bytes move, only the digest differs), and one
-// rank that refuses the call (it takes Enter, which stamps nothing), must fail every rank in
-// the call; between them, agreed calls of each kind at 1-12 elements, in sequence with
-// broadcasts from rotating roots that stamp the same heads, give exact values.
+// An allreduce, reduce-scatter or allgather of one step checks its peers by their stamps
+// (EnterStamped): a peer's call passes on its stamp's digest alone, and the smallest carry their
+// data on the stamp's line. One rank's dtype of the same width (float32 / int32: the same bytes
+// move, only the digest differs), and one rank that refuses the call (it takes Enter, which
+// stamps nothing), must fail every rank in the call, with data beside the stamp (1 element) or
+// in the slot (100); between them, agreed calls of 1-12 and 100 elements per rank, in sequence
+// with broadcasts from rotating roots that stamp the same heads, give exact values.
 TEST_F(ShmAgreement, CallsOnTheStampLine) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
   const size_t p = static_cast<size_t>(size());
   const DType theirs = odd() ? DType::kInt32 : DType::kFloat32;
-  std::vector<float> in(12 * p, 1.0f), out(12 * p, 0.0f);
-  std::vector<size_t> counts(p, 1);
+  std::vector<float> in(100 * p, 1.0f), out(100 * p, 0.0f);
   const CollectiveArgs refused{"AllReduce", -1, 0, -1, 0,
                                InvalidArgument("allreduce_: tensor 3 is not contiguous")};
-  for (int kind = 0; kind < 3; ++kind) {
-    auto call = [&](DType dtype, size_t n) {
-      std::vector<size_t> c(p, n);
-      if (kind == 0) return shm_->AllReduce(in.data(), out.data(), n, dtype);
-      if (kind == 1) return shm_->ReduceScatter(in.data(), out.data(), c, dtype);
-      return shm_->AllGather(in.data(), out.data(), n, dtype);
-    };
-    Status st = call(theirs, 1);
-    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch)) << kind << ": " << st.ToString();
-    EXPECT_NE(st.message().find("dtype differs across ranks"), std::string::npos) << st.message();
-    ExpectUsable(3);
-    st = odd() ? shm_->Agree(refused) : call(DType::kFloat32, 1);
-    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument))
-        << kind << ": " << st.ToString();
-    EXPECT_NE(st.message().find("tensor 3 is not contiguous"), std::string::npos) << st.message();
-    ExpectUsable(5);
+  for (size_t n : {size_t{1}, size_t{100}}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      auto call = [&](DType dtype) {
+        std::vector<size_t> c(p, n);
+        if (kind == 0) return shm_->AllReduce(in.data(), out.data(), n, dtype);
+        if (kind == 1) return shm_->ReduceScatter(in.data(), out.data(), c, dtype);
+        return shm_->AllGather(in.data(), out.data(), n, dtype);
+      };
+      Status st = call(theirs);
+      EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kMismatch))
+          << n << " " << kind << ": " << st.ToString();
+      EXPECT_NE(st.message().find("dtype differs across ranks"), std::string::npos)
+          << st.message();
+      ExpectUsable(3);
+      st = odd() ? shm_->Agree(refused) : call(DType::kFloat32);
+      EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument))
+          << n << " " << kind << ": " << st.ToString();
+      EXPECT_NE(st.message().find("tensor 3 is not contiguous"), std::string::npos)
+          << st.message();
+      ExpectUsable(5);
+    }
   }
-  for (size_t n = 1; n <= 12; ++n) {
+  for (size_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 100}) {
     const int root = static_cast<int>(n % p);
     std::vector<float> b(n, rank() == root ? static_cast<float>(n) : -1.0f);
     ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(b.data(), n, DType::kFloat32, root)));
     EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(b[i]); },
                          [&](size_t) { return static_cast<double>(n); }));
-    // Rank r's element i: 1000 r + 10 n + i, so a value from another rank, call or place shows.
+    // Rank r's element i: 1000 r + 10 n + i (exact in float32), so a value from another rank,
+    // call or place shows.
     for (size_t i = 0; i < n * p; ++i) {
       in[i] = static_cast<float>(1000 * rank() + 10 * static_cast<int>(n) + static_cast<int>(i));
     }
     const double ranks_sum = 1000.0 * static_cast<double>(p * (p - 1) / 2);
+    auto summed = [&](size_t i) { return ranks_sum + static_cast<double>(p * (10 * n + i)); };
     ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(in.data(), out.data(), n, DType::kFloat32)));
-    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(out[i]); },
-                         [&](size_t i) { return ranks_sum + static_cast<double>(p * (10 * n + i)); }));
-    // Reduce-scatter of one element per rank: rank r gets element r summed.
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(out[i]); }, summed));
+    // n elements per rank: rank r gets elements [r n, (r + 1) n) summed.
+    const std::vector<size_t> counts(p, n);
     ASSERT_TRUE(OkOnEveryRank(shm_->ReduceScatter(in.data(), out.data(), counts, DType::kFloat32)));
-    const size_t r = static_cast<size_t>(rank());
-    EXPECT_EQ(static_cast<double>(out[0]), ranks_sum + static_cast<double>(p * (10 * n + r)));
+    const size_t first = static_cast<size_t>(rank()) * n;
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(out[i]); },
+                         [&](size_t i) { return summed(first + i); }));
     ASSERT_TRUE(OkOnEveryRank(shm_->AllGather(in.data(), out.data(), n, DType::kFloat32)));
     EXPECT_TRUE(AllEqual(n * p, [&](size_t i) { return static_cast<double>(out[i]); },
                          [&](size_t i) { return 1000.0 * static_cast<double>(i / n) +
