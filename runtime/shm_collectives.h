@@ -18,7 +18,10 @@
 // and the window stays usable; a rank with bad arguments is named first, even where its call's
 // name differs from its peers' (Backend::FailTogether joins any call). Each descriptor also
 // carries the settings the backend uses the window by (set_knobs), compared first. The check
-// costs no extra round: the descriptor rides on the Sync the collective needs anyway. Descriptors
+// costs no extra round: the descriptor rides on the Sync the collective needs anyway. A call of
+// one step (an allreduce of the one-Sync size, a reduce-scatter or allgather of one round) reads
+// a digest of each peer's descriptor from the stamp on its slot's head instead, beside the data
+// (EnterStamped), and every descriptor only where some digest differs. Descriptors
 // rotate through four places by call, so a fast rank's next calls never overwrite one that a
 // slow peer has yet to read (three would do, not two: receivers of broadcasts from one root
 // may run two calls ahead of one another, see Broadcast; the fourth makes the place a mask).
