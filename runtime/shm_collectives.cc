@@ -830,10 +830,12 @@ Status ShmCollectives::Enter(const CollectiveArgs& args, const Interrupt* interr
   return FailedStages(Verdict(args, call));
 }
 
-void ShmCollectives::StampHead(uint64_t index) {
+uint64_t ShmCollectives::StampHead(uint64_t index) {
   SlotStamp* stamp = reinterpret_cast<SlotStamp*>(SlotHead(rank_, stage_));
-  stamp->digest = Desc(rank_, index)->Digest();
+  const uint64_t digest = Desc(rank_, index)->Digest();
+  stamp->digest = digest;
   __atomic_store_n(&stamp->mark, index + 1, __ATOMIC_RELEASE);
+  return digest;
 }
 
 Status ShmCollectives::EnterStamped(const CollectiveArgs& args, const Interrupt* interrupt) {
@@ -842,10 +844,9 @@ Status ShmCollectives::EnterStamped(const CollectiveArgs& args, const Interrupt*
   if (!deferred_.ok() || !args.local.ok()) return Enter(args, interrupt);
   const uint64_t index = calls_;
   Publish(args);
-  StampHead(index);
+  const uint64_t digest = StampHead(index);
   const uint32_t target = Arrive();
   Demote(SlotHead(rank_, stage_), kStampBytes);
-  const uint64_t digest = Desc(rank_, index)->Digest();
   bool alike = true;
   for (int r = 0; r < size_ && alike; ++r) {
     if (r == rank_) continue;
@@ -1158,12 +1159,12 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
   if (count * es <= one_shot_bytes_) {
     // The smallest lie beside the stamp, on the one line a peer reads (EnterStamped).
     const bool inline_data = count * es <= kInlineBytes;
-    std::memcpy(inline_data ? InlineData(rank_, stage_) : Slot(rank_, stage_), in, count * es);
-    if (!inline_data && count * es <= kDemoteBytes) Demote(Slot(rank_, stage_), count * es);
+    auto place = [&](int r) { return inline_data ? InlineData(r, stage_) : Slot(r, stage_); };
+    std::memcpy(place(rank_), in, count * es);
+    if (!inline_data && count * es <= kDemoteBytes) Demote(place(rank_), count * es);
     PSD_CHECK(EnterStamped(a, interrupt));
     for (int r = 0; r < size_; ++r) {
-      srcs[static_cast<size_t>(r)] =
-          r == rank_ ? send : inline_data ? InlineData(r, stage_) : Slot(r, stage_);
+      srcs[static_cast<size_t>(r)] = r == rank_ ? send : place(r);
     }
     ShmReduceSum(dtype, srcs.data(), size_, recv, count);
     ++stage_;
@@ -1375,25 +1376,20 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
     size_t start = k * per_round;
     return start >= c ? 0 : std::min(per_round, c - start);
   };
-  auto copy_in = [&](size_t k) {
-    const size_t len = piece_len(count, k);
-    if (len > 0) std::memcpy(Slot(rank_, stage_ + k), in + k * per_round * es, len * es);
-  };
   // The smallest: every rank's part beside its stamp, on the one line a peer reads
   // (EnterStamped).
-  if (rounds == 1 && largest * es <= kInlineBytes) {
-    if (count > 0) std::memcpy(InlineData(rank_, stage_), in, count * es);
-    PSD_CHECK(EnterStamped(a, interrupt));
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_ && layout.count(r) > 0) {
-        std::memcpy(out + layout.offset(r) * es, InlineData(r, stage_), layout.count(r) * es);
-      }
-    }
-    ++stage_;
-    return Status::Ok();
-  }
+  const bool inline_data = rounds == 1 && largest * es <= kInlineBytes;
+  auto place = [&](int r, uint64_t stage) {
+    return inline_data ? InlineData(r, stage) : Slot(r, stage);
+  };
+  auto copy_in = [&](size_t k) {
+    const size_t len = piece_len(count, k);
+    if (len > 0) std::memcpy(place(rank_, stage_ + k), in + k * per_round * es, len * es);
+  };
   copy_in(0);
-  if (rounds == 1 && count * es <= kDemoteBytes) Demote(Slot(rank_, stage_), count * es);
+  if (rounds == 1 && !inline_data && count * es <= kDemoteBytes) {
+    Demote(Slot(rank_, stage_), count * es);
+  }
   PSD_CHECK(rounds == 1 ? EnterStamped(a, interrupt) : Enter(a, interrupt));
   uint32_t next = 0;
   for (size_t k = 0; k < rounds; ++k) {
@@ -1409,7 +1405,7 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
     for (int r = 0; r < size_; ++r) {
       const size_t n = piece_len(layout.count(r), k);
       if (r == rank_ || n == 0) continue;
-      CopyOut(out + (layout.offset(r) + k * per_round) * es, Slot(r, stage), n * es, stream);
+      CopyOut(out + (layout.offset(r) + k * per_round) * es, place(r, stage), n * es, stream);
     }
   }
   if (stream) StreamFence();
@@ -1536,7 +1532,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   for (size_t k = 0; k < pieces; ++k) {
     const size_t start = k * piece, len = std::min(piece, bytes - start);
     unsigned char* head = SlotHead(root, stage_ + k);
-    unsigned char* slot = inline_data ? head + sizeof(SlotStamp) : Slot(root, stage_ + k);
+    unsigned char* slot = inline_data ? InlineData(root, stage_ + k) : Slot(root, stage_ + k);
     if (k == 1) {
       // Every rank checks every rank's descriptor before the second piece moves, so a call
       // of several pieces fails in the call itself, on every rank.

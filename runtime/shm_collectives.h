@@ -265,8 +265,8 @@ class ShmCollectives {
   unsigned char* InlineData(int rank, uint64_t stage) const;
   // Stamps this rank's head of stage_ with the digest of its published descriptor of call
   // `index` and, last, the mark of that call (release: a peer that reads the mark has the data
-  // and the digest).
-  void StampHead(uint64_t index);
+  // and the digest). Returns the digest.
+  uint64_t StampHead(uint64_t index);
   // Enter's halves: write this rank's descriptor of the next call; the verdict every rank
   // reaches from every rank's descriptor of call `call` (all of them published).
   void Publish(const CollectiveArgs& args);
