@@ -838,6 +838,18 @@ uint64_t ShmCollectives::StampHead(uint64_t index) {
   return digest;
 }
 
+Status ShmCollectives::AwaitStamp(const char* call, const Interrupt* interrupt, int peer,
+                                  uint64_t index, uint64_t digest, uint32_t target, bool* alike) {
+  // Once the peer has arrived, its stamp is there if it wrote one.
+  const SlotStamp* theirs = reinterpret_cast<const SlotStamp*>(SlotHead(peer, stage_));
+  if (__atomic_load_n(&theirs->mark, __ATOMIC_ACQUIRE) != index + 1 && !Arrived(peer, target)) {
+    PSD_CHECK(Await(call, interrupt, target, peer));
+  }
+  *alike = __atomic_load_n(&theirs->mark, __ATOMIC_ACQUIRE) == index + 1 &&
+           theirs->digest == digest;
+  return Status::Ok();
+}
+
 Status ShmCollectives::EnterStamped(const CollectiveArgs& args, const Interrupt* interrupt) {
   // A failure to carry, or this rank's own bad arguments: Enter, which stamps nothing, so that
   // every peer takes the long way below.
@@ -849,15 +861,7 @@ Status ShmCollectives::EnterStamped(const CollectiveArgs& args, const Interrupt*
   Demote(SlotHead(rank_, stage_), kStampBytes);
   bool alike = true;
   for (int r = 0; r < size_ && alike; ++r) {
-    if (r == rank_) continue;
-    // Its stamp comes before its arrival: once it has arrived, the stamp is there if it wrote
-    // one.
-    const SlotStamp* theirs = reinterpret_cast<const SlotStamp*>(SlotHead(r, stage_));
-    if (__atomic_load_n(&theirs->mark, __ATOMIC_ACQUIRE) != index + 1 && !Arrived(r, target)) {
-      PSD_CHECK(Await(args.call, interrupt, target, r));
-    }
-    alike = __atomic_load_n(&theirs->mark, __ATOMIC_ACQUIRE) == index + 1 &&
-            theirs->digest == digest;
+    if (r != rank_) PSD_CHECK(AwaitStamp(args.call, interrupt, r, index, digest, target, &alike));
   }
   if (!alike) {
     // If every stamp carried this rank's digest, every rank's is the same: a rank that finds
@@ -1561,16 +1565,14 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
     } else {
       if (k == 0) Publish(a);
       arrival = Arrive();
-      // Piece 0's stamp is written after its data: once it is there, the root's arrival need
-      // not be read (one cache line fewer to fetch).
-      const SlotStamp* stamp = reinterpret_cast<const SlotStamp*>(head);
-      const bool stamped = k == 0 && __atomic_load_n(&stamp->mark, __ATOMIC_ACQUIRE) == index + 1;
-      if (!stamped && !Arrived(root, arrival)) PSD_CHECK(Await(call, interrupt, arrival, root));
       if (k == 0) {
-        // The root's stamp shares a cache line with the data (the smallest broadcasts) or sits
-        // on the line before it.
-        if (__atomic_load_n(&stamp->mark, __ATOMIC_ACQUIRE) != index + 1 ||
-            stamp->digest != Desc(rank_, index)->Digest()) {
+        // Piece 0's stamp is written after its data: once it is there, the root's arrival need
+        // not be read (one cache line fewer to fetch). The stamp shares a cache line with the
+        // data (the smallest broadcasts) or sits on the line before it.
+        bool alike = false;
+        PSD_CHECK(AwaitStamp(call, interrupt, root, index, Desc(rank_, index)->Digest(), arrival,
+                             &alike));
+        if (!alike) {
           // Rare: wait for every rank and reach the verdict the others reach.
           PSD_CHECK(Await(call, interrupt, arrival, -1));
           ++calls_;
@@ -1580,6 +1582,8 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
           __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
           if (len <= kDemoteBytes) Demote(Confirmed(rank_), 8);
         }
+      } else if (!Arrived(root, arrival)) {
+        PSD_CHECK(Await(call, interrupt, arrival, root));
       }
       if (across) {
         MoveAcross(data, bytes, root, false);

@@ -267,6 +267,11 @@ class ShmCollectives {
   // `index` and, last, the mark of that call (release: a peer that reads the mark has the data
   // and the digest). Returns the digest.
   uint64_t StampHead(uint64_t index);
+  // Waits until `peer` has stamped its head of stage_ for call `index` or, where it has not,
+  // has reached arrival `target` (a peer that took Enter stamps nothing; its stamp comes before
+  // its arrival). Sets *alike to whether that stamp is there and carries `digest`.
+  Status AwaitStamp(const char* call, const Interrupt* interrupt, int peer, uint64_t index,
+                    uint64_t digest, uint32_t target, bool* alike);
   // Enter's halves: write this rank's descriptor of the next call; the verdict every rank
   // reaches from every rank's descriptor of call `call` (all of them published).
   void Publish(const CollectiveArgs& args);
