@@ -108,7 +108,7 @@
 // times the broadcast both ways instead.
 //
 // Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores and it ran faster at
-// creation, from kAutoBroadcastSingleCopyBytes up to kStreamOutputBytes): the root puts its
+// creation, from kAutoBroadcastSingleCopyBytes up to kDirectBroadcastMaxBytes): the root puts its
 // buffer's address in its descriptor and arrives; a receiver arrives, waits for the root's arrival
 // alone, checks the root's descriptor against its own (as for a broadcast of one piece), reads the
 // whole buffer with one process_vm_readv and marks its descriptor copied (waking the root). The
@@ -134,8 +134,8 @@
 // another core, then poll with sched_yield for up to 200 us (a runnable peer gets the core at
 // once), then sleep on the peer's word with a futex (shared, not private: the word lives in a
 // mapping of several processes), checking the caller's interrupt, if any, at every wake.
-// Outputs of 32 MiB and more are written with streaming stores (kStreamOutputBytes; a
-// broadcast's and an allgather's from 16 MiB, kBroadcastStreamBytes and kGatherStreamBytes).
+// Outputs of 16 MiB and more are written with streaming stores (a broadcast's, an allgather's
+// and an allreduce's: kBroadcastStreamBytes, kGatherStreamBytes and kReduceStreamBytes).
 #include "runtime/shm_collectives.h"
 
 #include <linux/futex.h>
@@ -203,7 +203,7 @@ constexpr int kTimedRuns = 5;
 // every creation.
 constexpr double kWarmUpSeconds = 0.1;
 // Where ranks outnumber cores, broadcasts from ShmCollectives::kAutoBroadcastSingleCopyBytes
-// (1 MiB) up to kStreamOutputBytes may read the root's buffer (see "Single-copy Broadcast"),
+// (1 MiB) up to kDirectBroadcastMaxBytes may read the root's buffer (see "Single-copy Broadcast"),
 // where a broadcast of kAutoBroadcastProbeBytes ran faster that way at creation. Measured
 // (4 and 8 ranks on 2 cores, osu_broadcast, mean over ranks, alternated runs, bench/RESULTS.md
 // tenth and twelfth passes): on the development VM's Intel CPU, at 1-16 MiB the single copy
@@ -212,7 +212,8 @@ constexpr double kWarmUpSeconds = 0.1;
 // memcpy (1.4-1.8x on the Intel), the window ran 1.3-1.8x faster at P = 4, 1-16 MiB, and the
 // single copy 1.1-1.6x faster at P = 8, 2-8 MiB (1 MiB even, 16 MiB 1.2x slower). At 512 KiB
 // the window was as fast at P = 8 and 1.4x faster at P = 4; at 32 and 64 MiB the window, with
-// its streaming stores, ran 1.2-1.85x faster.
+// its streaming stores, ran 1.2-1.85x faster: the single copy stops below this size.
+constexpr size_t kDirectBroadcastMaxBytes = size_t{32} << 20;
 // A broadcast moves pieces of at most this size, paced by its root (see Broadcast). On the
 // development VM (2 cores, osu_broadcast --no-peer, 3-5 runs each, bench/RESULTS.md) 512 KiB
 // pieces against whole 1 MiB slots: P = 2 at 2 / 8 MiB 62-119 / 234-295 us against 256-266 /
@@ -220,7 +221,7 @@ constexpr double kWarmUpSeconds = 0.1;
 // 256 KiB pieces were no better.
 constexpr size_t kBroadcastPieceBytes = size_t{512} << 10;
 // A broadcast through the window writes receivers' outputs of this size and more with streaming
-// stores (other calls from kStreamOutputBytes). On the development VM's AMD CPU (osu_broadcast
+// stores. On the development VM's AMD CPU (osu_broadcast
 // --no-peer, alternated runs, bench/RESULTS.md twelfth pass), 16 MiB took 1.9-2.1 against
 // 2.6-4.0 ms at P = 2 and 12.8-15.8 against 17.7-21.1 ms at P = 8 (the window's way), at P = 4
 // 5.9-10.2 against 6.9-9.7 ms (the runs' spread); from 1 MiB it was slower at 1-4 MiB.
@@ -231,6 +232,28 @@ constexpr size_t kBroadcastStreamBytes = size_t{16} << 20;
 // and 13110-13740 against 15380-18900 us at P = 8, at P = 4 6120-8920 against 7380-7580 us
 // (the runs' spread); at 8 MiB (P = 2) 1350-1760 against 1590-1840 us, one set of runs.
 constexpr size_t kGatherStreamBytes = size_t{16} << 20;
+// An allreduce through the window writes its output with streaming stores from this size. From
+// 16 MiB a rank's output cannot be in the last-level cache by the time it is read: the ranks'
+// outputs together fill the 32 MiB one at P = 2 and exceed it beyond. Below it, plain stores: the
+// output is read soon (the caller's next step) and may still be in that cache; on the 2-core VM
+// (bench/RESULTS.md twelfth pass) streaming from 4 MiB made 4-8 MiB 1.2-1.9x slower. On the VM's
+// family 25 AMD CPU (osu_allreduce --no-peer, launches alternated, bench/RESULTS.md twentieth
+// pass), 16 MiB took in the median of 8 launches 7.9 against 10.9 ms at P = 2, 15.8 against
+// 21.0 ms at P = 4 and 46.6 against 55.4 ms at P = 8 (6 launches); at 2-8 MiB streaming was
+// within the runs' spread at P = 2 and 4. On its family 26 CPU 16 MiB at P = 4 was within the
+// spread (4100-6410 against 4280-4960 us, seventeenth pass).
+constexpr size_t kReduceStreamBytes = size_t{16} << 20;
+// An allreduce through the window moves chunks of at most this size (of each rank's slot), one
+// pipeline stage each. A rank's step reads a whole chunk (its shard from every rank, then every
+// reduced shard): at 512 KiB it stays in a core's L2 on the VM's family 25 AMD CPU (512 KiB),
+// at 1 MiB it does not. There (osu_allreduce --no-peer, launches alternated, medians,
+// bench/RESULTS.md twentieth pass) 512 KiB chunks against 1 MiB took 13.6 against 18.9 ms at
+// 16 MiB and P = 4, 4.1 against 5.6 ms at 4 MiB, 56.5 against 73.8 ms at 64 MiB (10 launches);
+// at P = 2 7.1 against 11.0 ms at 16 MiB and 1.8 against 2.3 ms at 4 MiB; at P = 8 32.2
+// against 40.6 ms at 16 MiB, within the spread at 1-4 MiB (6 launches). On its family 26 CPU
+// (1 MiB L2) the two were even (seventeenth pass: 16 / 32 / 64 MiB at P = 4 in 3576-4632 /
+// 7466-7715 / 14516-14916 us against 3781-3842 / 7348-9258 / 14593-16399 us).
+constexpr size_t kReducePieceBytes = size_t{512} << 10;
 
 // ceil(n / per), without the division in the common case of one part: a 64-bit division
 // costs tens of cycles, on the path of every small call before its data moves.
@@ -1179,9 +1202,9 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
       count * es < kDirectReduceMaxBytes) {
     return ReduceDirect(send, recv, count, dtype, interrupt, a);
   }
-  const size_t per_chunk = slot_bytes_ / es;
+  const size_t per_chunk = std::min(slot_bytes_, kReducePieceBytes) / es;
   const size_t chunks = (count + per_chunk - 1) / per_chunk;
-  const bool stream = count * es >= kStreamOutputBytes;
+  const bool stream = count * es >= kReduceStreamBytes;
 
   auto chunk_len = [&](size_t k) { return std::min(per_chunk, count - k * per_chunk); };
   // Step 1 / 2b: my input's chunk k into my slot, without my own shard.
@@ -1516,7 +1539,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   if (!a.local.ok() || !local.ok() || count == 0 || !deferred_.ok()) return Enter(a, interrupt);
   const size_t bytes = count * DTypeSize(dtype);
   if (single_copy_bcast_bytes_ > 0 && bytes >= single_copy_bcast_bytes_ &&
-      bytes < kStreamOutputBytes) {
+      bytes < kDirectBroadcastMaxBytes) {
     return BroadcastDirect(buf, bytes, root, interrupt, a);
   }
   static_assert(sizeof(SlotStamp) <= kStampBytes, "stamp larger than its place");

@@ -536,7 +536,7 @@ TEST(ShmReduceSum, SumsInRankOrderAndAllowsAliasing) {
   EXPECT_EQ(sum[7], int64_t{1} << 41);
 }
 
-// The streaming copy-out (outputs of kStreamOutputBytes and more, which the collectives' tests
+// The streaming copy-out (outputs of 16 MiB and more, which the collectives' tests
 // do not reach): every byte lands, whatever the destination's alignment and the length's tail.
 TEST(ShmCopyOut, StreamingCopiesEveryByteAtAnyAlignment) {
   const size_t n = 4099;  // 64-byte blocks plus a tail
@@ -710,6 +710,33 @@ TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
   for (int r = 0; r < p; ++r) {
     for (size_t j = 0; j < n; ++j) wrong += out[static_cast<size_t>(r) * n + j] != want(r, j);
   }
+  SmallAllReduceAfter(shm.get(), &failed, &wrong);
+  EXPECT_TRUE(OnEveryRank(failed.count == 0))
+      << failed.count << " calls failed; the first: " << failed.first;
+  EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
+}
+
+// An allreduce through the window of 16 MiB and more writes its output with streaming stores
+// (kReduceStreamBytes in shm_collectives.cc), in 512 KiB chunks (kReducePieceBytes, below the
+// 1 MiB slot): a length with a tail that fills neither a chunk nor a 64-byte block, out of place
+// and in place, every element checked, and a small allreduce after each (the stores are fenced
+// before the call returns).
+TEST(ShmAllReduce, StreamedOutputsOfLargeAllReducesAreExact) {
+  std::unique_ptr<ShmCollectives> shm;
+  ASSERT_NO_FATAL_FAILURE(WideWindow(&shm));
+  const int p = World()->size(), me = World()->rank();
+  const size_t n = (size_t{16} << 20) / sizeof(float) + 37;
+  auto part = [](size_t j) { return static_cast<float>(j % 1009); };
+  const float ranks_sum = static_cast<float>(p * (p + 1) / 2);
+  std::vector<float> in(n), out(n, -1.0f);
+  for (size_t j = 0; j < n; ++j) in[j] = static_cast<float>(me + 1) * part(j);
+  Failures failed;
+  size_t wrong = 0;
+  failed.Note(shm->AllReduce(in.data(), out.data(), n, DType::kFloat32));
+  for (size_t j = 0; j < n; ++j) wrong += out[j] != ranks_sum * part(j);
+  SmallAllReduceAfter(shm.get(), &failed, &wrong);
+  failed.Note(shm->AllReduce(in.data(), in.data(), n, DType::kFloat32));
+  for (size_t j = 0; j < n; ++j) wrong += in[j] != ranks_sum * part(j);
   SmallAllReduceAfter(shm.get(), &failed, &wrong);
   EXPECT_TRUE(OnEveryRank(failed.count == 0))
       << failed.count << " calls failed; the first: " << failed.first;
@@ -1227,7 +1254,7 @@ TEST_F(ShmAcross, BroadcastsBetweenOtherCallsKeepStagesApart) {
       EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(b[i]); },
                            [&](size_t i) { return (root + 2) * F(i + round); }))
           << "root " << root;
-      const size_t m = (size_t{3} << 17) + 7;  // 1.5 MiB: two stages of the allreduce
+      const size_t m = (size_t{3} << 17) + 7;  // 1.5 MiB: four chunks of the allreduce
       std::vector<float> x(m), y(m);
       for (size_t i = 0; i < m; ++i) x[i] = static_cast<float>((rank() + 1) * F(i + round));
       st = shm_->AllReduce(x.data(), y.data(), m, DType::kFloat32);
