@@ -1267,7 +1267,13 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
   PSD_CHECK(Begin(call, interrupt));
   if (!a.local.ok() || !local.ok() || total == 0) return Enter(a, interrupt);
   const size_t es = DTypeSize(dtype);
-  const size_t piece = slot_bytes_ / es / static_cast<size_t>(size_);  // L, at least 8
+  // Where ranks outnumber cores, a round moves at most kReducePieceBytes of the slot in all: two
+  // ranks share a core's L2. On the development VM's family 25 AMD CPU (osu_reduce_scatter
+  // --no-peer, launches alternated, bench/RESULTS.md twentieth pass) that ran 1.14-1.36x faster
+  // at P = 4, 2-64 MiB (10 launches), and 1.35-1.62x at P = 8, 2-32 MiB (8 launches), in the
+  // pairs' median; at P = 2 (a core each) 512 KiB slots were no faster.
+  const size_t round_bytes = crowded_ ? std::min(slot_bytes_, kReducePieceBytes) : slot_bytes_;
+  const size_t piece = round_bytes / es / static_cast<size_t>(size_);  // L, at least 8
   PrefixOffsets(counts, &offsets_);  // in place: no allocation per call
   const std::vector<size_t>& off = offsets_;
   const size_t largest = *std::max_element(counts.begin(), counts.end());

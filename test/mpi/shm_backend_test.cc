@@ -720,7 +720,7 @@ TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
 // (kReduceStreamBytes in shm_collectives.cc), in 512 KiB chunks (kReducePieceBytes, below the
 // 1 MiB slot): a length with a tail that fills neither a chunk nor a 64-byte block, out of place
 // and in place, every element checked, and a small allreduce after each (the stores are fenced
-// before the call returns).
+// before the call returns). Then a reduce-scatter of several rounds through the same window.
 TEST(ShmAllReduce, StreamedOutputsOfLargeAllReducesAreExact) {
   std::unique_ptr<ShmCollectives> shm;
   ASSERT_NO_FATAL_FAILURE(WideWindow(&shm));
@@ -737,6 +737,18 @@ TEST(ShmAllReduce, StreamedOutputsOfLargeAllReducesAreExact) {
   SmallAllReduceAfter(shm.get(), &failed, &wrong);
   failed.Note(shm->AllReduce(in.data(), in.data(), n, DType::kFloat32));
   for (size_t j = 0; j < n; ++j) wrong += in[j] != ranks_sum * part(j);
+  SmallAllReduceAfter(shm.get(), &failed, &wrong);
+  // A reduce-scatter of several rounds (where ranks outnumber cores, of 512 KiB in all), the
+  // counts differing by rank: rank r gets its slice of the ranks' inputs, summed.
+  std::vector<size_t> counts(static_cast<size_t>(p));
+  size_t total = 0;
+  for (int r = 0; r < p; ++r) total += counts[static_cast<size_t>(r)] = 300007 + 1031 * r;
+  std::vector<float> all(total), mine(counts[static_cast<size_t>(me)], -1.0f);
+  for (size_t j = 0; j < total; ++j) all[j] = static_cast<float>(me + 1) * part(j);
+  failed.Note(shm->ReduceScatter(all.data(), mine.data(), counts, DType::kFloat32));
+  size_t first = 0;
+  for (int r = 0; r < me; ++r) first += counts[static_cast<size_t>(r)];
+  for (size_t j = 0; j < mine.size(); ++j) wrong += mine[j] != ranks_sum * part(first + j);
   SmallAllReduceAfter(shm.get(), &failed, &wrong);
   EXPECT_TRUE(OnEveryRank(failed.count == 0))
       << failed.count << " calls failed; the first: " << failed.first;
