@@ -84,8 +84,9 @@
 // Single-copy AllGather(V) (from single_copy_bytes_ below kDirectGatherMaxBytes): every rank puts
 // its input's address in its descriptor and copies its own part; Enter; each rank reads every
 // peer's part with process_vm_readv, peers in the order rank+1, rank+2, ... so that they do not
-// all start on the same one; each rank records its outcome in its descriptor; Sync; every rank
-// returns the first failure recorded, or OK. Two Syncs whatever the size, one copy of each byte.
+// all start on the same one (from kGatherStreamBytes in 256 KiB blocks through a block of its
+// own, written out with streaming stores); each rank records its outcome in its descriptor;
+// Sync; every rank returns the first failure recorded, or OK. Two Syncs whatever the size.
 //
 // Single-copy AllReduce (from single_copy_reduce_bytes_, above one_shot_bytes_, below
 // kDirectReduceMaxBytes): every rank puts its input's and its output's addresses in its
@@ -187,6 +188,9 @@ constexpr size_t kDirectChunkBytes = size_t{1} << 20;
 // 3687-3849 us through the window's streaming rounds (Open MPI's two_proc: 2984-3175 us), and
 // one of 64 MiB 9346-12120 against 8671-8709 us.
 constexpr size_t kDirectGatherMaxBytes = size_t{64} << 20;
+// GatherDirect from kGatherStreamBytes reads each peer's part in blocks of this size into a
+// block of its own, then writes it out with streaming stores.
+constexpr size_t kGatherBounceBytes = size_t{256} << 10;
 // ReduceDirect runs below this size: at 16 MiB it ran no faster than the window at P = 2 here,
 // at 32 and 64 MiB 1.1-1.4x slower (the window's streaming stores move fewer bytes to memory).
 constexpr size_t kDirectReduceMaxBytes = size_t{16} << 20;
@@ -231,6 +235,12 @@ constexpr size_t kBroadcastStreamBytes = size_t{16} << 20;
 // forced, bench/RESULTS.md thirteenth pass) 16 MiB took 3200-3830 against 4360-7470 us at P = 2
 // and 13110-13740 against 15380-18900 us at P = 8, at P = 4 6120-8920 against 7380-7580 us
 // (the runs' spread); at 8 MiB (P = 2) 1350-1760 against 1590-1840 us, one set of runs.
+// From this size a rank's own part is copied with streaming stores too, and the single copy
+// reads each peer's part in blocks and writes them out with streaming stores (GatherDirect). On
+// the VM's family 25 AMD CPU (osu_allgather --no-peer, launches alternated, median of the pairs'
+// ratios, bench/RESULTS.md twenty-first pass) that ran 1.04 / 1.13 / 1.23x as fast as plain
+// stores at 16 / 32 / 64 MiB at P = 2 (30 launches each), 1.04-1.12x at P = 4 and 1.02-1.06x at
+// P = 8 (own part only: the window), 4-8 MiB within the runs' spread.
 constexpr size_t kGatherStreamBytes = size_t{16} << 20;
 // An allreduce through the window writes its output with streaming stores from this size. From
 // 16 MiB a rank's output cannot be in the last-level cache by the time it is read: the ranks'
@@ -1395,16 +1405,23 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
   unsigned char* out = static_cast<unsigned char*>(recv);
   // My own part never goes through the window.
   unsigned char* my_out = out + layout.offset(rank_) * es;
-  if (count > 0 && my_out != in) std::memmove(my_out, in, count * es);
+  const bool stream = total * es >= kGatherStreamBytes;
+  if (count > 0 && my_out != in) {
+    const size_t n = count * es;
+    if (stream && (in + n <= my_out || my_out + n <= in)) {
+      CopyOut(my_out, in, n, true);
+    } else {
+      std::memmove(my_out, in, n);
+    }
+  }
   if (single_copy_bytes_ > 0 && total * es >= single_copy_bytes_ &&
       total * es < kDirectGatherMaxBytes) {
-    return GatherDirect(send, recv, layout, dtype, interrupt, a);
+    return GatherDirect(send, recv, layout, dtype, stream, interrupt, a);
   }
   // Rounds of at most kGatherRoundBytes per rank, whatever the slot: a round's copies (mine
   // in, every peer's out) then stay within a core's L2 cache.
   const size_t per_round = std::min(slot_bytes_, kGatherRoundBytes) / es;
   const size_t rounds = Parts(largest, per_round);
-  const bool stream = total * es >= kGatherStreamBytes;
   auto piece_len = [&](size_t c, size_t k) {
     size_t start = k * per_round;
     return start >= c ? 0 : std::min(per_round, c - start);
@@ -1447,7 +1464,7 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
 }
 
 Status ShmCollectives::GatherDirect(const void* send, void* recv, const GatherLayout& layout,
-                                    DType dtype, const Interrupt* interrupt,
+                                    DType dtype, bool stream, const Interrupt* interrupt,
                                     const CollectiveArgs& a) {
   const size_t es = DTypeSize(dtype);
   unsigned char* out = static_cast<unsigned char*>(recv);
@@ -1455,15 +1472,28 @@ Status ShmCollectives::GatherDirect(const void* send, void* recv, const GatherLa
   Desc(rank_, calls_)->source = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(send));
   PSD_CHECK(Enter(a, interrupt));
   const uint64_t index = calls_ - 1;
+  if (stream && direct_blocks_.size() < kGatherBounceBytes) {
+    direct_blocks_.resize(kGatherBounceBytes);
+  }
   int err = 0, from = -1;
   for (int j = 1; j < size_ && err == 0; ++j) {
     const int r = (rank_ + j) % size_;
-    const size_t n = layout.count(r);
-    if (n == 0) continue;
-    err = ReadPeer(pids_[static_cast<size_t>(r)], out + layout.offset(r) * es,
-                   Desc(r, index)->source, n * es);
+    const size_t n = layout.count(r) * es;
+    unsigned char* dst = out + layout.offset(r) * es;
+    const uint64_t src = Desc(r, index)->source;
+    if (!stream) {
+      if (n > 0) err = ReadPeer(pids_[static_cast<size_t>(r)], dst, src, n);
+    } else {
+      // Through a block that stays in this core's cache, then out with streaming stores.
+      for (size_t b = 0; b < n && err == 0; b += kGatherBounceBytes) {
+        const size_t len = std::min(kGatherBounceBytes, n - b);
+        err = ReadPeer(pids_[static_cast<size_t>(r)], direct_blocks_.data(), src + b, len);
+        if (err == 0) CopyOut(dst + b, direct_blocks_.data(), len, true);
+      }
+    }
     if (err != 0) from = r;
   }
+  if (stream) StreamFence();
   return FinishSingleCopy(a.call, interrupt, err, from);
 }
 

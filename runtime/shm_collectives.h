@@ -352,7 +352,7 @@ class ShmCollectives {
   Status GatherRounds(const void* send, void* recv, const GatherLayout& layout, DType dtype,
                       const Interrupt* interrupt, const CollectiveArgs& a);
   Status GatherDirect(const void* send, void* recv, const GatherLayout& layout, DType dtype,
-                      const Interrupt* interrupt, const CollectiveArgs& a);
+                      bool stream, const Interrupt* interrupt, const CollectiveArgs& a);
   // AllReduce in single copy (see the top of shm_collectives.cc): each rank sums its shard
   // from its peers' inputs, read in blocks with process_vm_readv, into its own output; Sync;
   // each rank reads every peer's summed shard out of that peer's output.
@@ -391,7 +391,7 @@ class ShmCollectives {
   size_t single_copy_bcast_bytes_ = 0;  // Broadcast; 0: off
   std::string single_copy_note_;
   std::vector<int> pids_;  // every node rank's process id (single copy only)
-  std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer
+  std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer; GatherDirect
   double timeout_s_ = 0;
   bool crowded_ = false;  // more ranks than cores (the same count on every rank)
   size_t across_bytes_ = 0;  // see across_bytes()

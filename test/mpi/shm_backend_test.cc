@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -711,6 +712,45 @@ TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
     for (size_t j = 0; j < n; ++j) wrong += out[static_cast<size_t>(r) * n + j] != want(r, j);
   }
   SmallAllReduceAfter(shm.get(), &failed, &wrong);
+  EXPECT_TRUE(OnEveryRank(failed.count == 0))
+      << failed.count << " calls failed; the first: " << failed.first;
+  EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
+}
+
+// The single-copy allgather of 16 MiB and more reads each peer's part in blocks and writes it
+// out with streaming stores, its own part too (kGatherStreamBytes, kGatherBounceBytes in
+// shm_collectives.cc): parts whose lengths differ by rank and fill neither a block nor a 64-byte
+// line, out of place and in place, every element checked, and a small allreduce after each.
+TEST_F(ShmSingleCopy, StreamedGathersAreExact) {
+  const int p = World()->size(), me = World()->rank();
+  std::vector<size_t> counts(static_cast<size_t>(p)), offsets(static_cast<size_t>(p));
+  size_t total = 0;
+  const size_t base = (size_t{16} << 20) / sizeof(float) / static_cast<size_t>(p);
+  for (int r = 0; r < p; ++r) {
+    counts[static_cast<size_t>(r)] = base + 7 * static_cast<size_t>(r) + 3;
+    offsets[static_cast<size_t>(r)] = total;
+    total += counts[static_cast<size_t>(r)];
+  }
+  auto want = [](int r, size_t j) {
+    return static_cast<float>(r * 131 + static_cast<int>(j % 1009));
+  };
+  const size_t n = counts[static_cast<size_t>(me)], at = offsets[static_cast<size_t>(me)];
+  std::vector<float> in(n), out(total);
+  for (size_t j = 0; j < n; ++j) in[j] = want(me, j);
+  Failures failed;
+  size_t wrong = 0;
+  for (bool in_place : {false, true}) {
+    std::fill(out.begin(), out.end(), -1.0f);
+    if (in_place) std::copy(in.begin(), in.end(), out.begin() + static_cast<std::ptrdiff_t>(at));
+    const float* send = in_place ? out.data() + at : in.data();
+    failed.Note(shm_->AllGatherV(send, out.data(), counts, DType::kFloat32));
+    for (int r = 0; r < p; ++r) {
+      for (size_t j = 0; j < counts[static_cast<size_t>(r)]; ++j) {
+        wrong += out[offsets[static_cast<size_t>(r)] + j] != want(r, j);
+      }
+    }
+    SmallAllReduceAfter(shm_.get(), &failed, &wrong);
+  }
   EXPECT_TRUE(OnEveryRank(failed.count == 0))
       << failed.count << " calls failed; the first: " << failed.first;
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
