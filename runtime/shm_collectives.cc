@@ -136,7 +136,8 @@
 // once), then sleep on the peer's word with a futex (shared, not private: the word lives in a
 // mapping of several processes), checking the caller's interrupt, if any, at every wake.
 // Large outputs are written with streaming stores: a broadcast's and an allreduce's from 16 MiB,
-// an allgather's from 8 MiB (kBroadcastStreamBytes, kReduceStreamBytes, kGatherStreamBytes).
+// an allgather's from 16 MiB, or 8 MiB where ranks outnumber cores (kBroadcastStreamBytes,
+// kReduceStreamBytes, kGatherStreamBytes, kCrowdedGatherStreamBytes).
 #include "runtime/shm_collectives.h"
 
 #include <linux/futex.h>
@@ -238,12 +239,15 @@ constexpr size_t kBroadcastStreamBytes = size_t{16} << 20;
 // From this size a rank's own part is copied with streaming stores too, and the single copy
 // reads each peer's part in blocks and writes them out with streaming stores (GatherDirect). On
 // the VM's family 25 AMD CPU (osu_allgather --no-peer, launches alternated, median of the pairs'
-// ratios, bench/RESULTS.md twenty-first pass), with the threshold at 16 MiB that ran 1.04 / 1.13
-// / 1.23x as fast as plain stores at 16 / 32 / 64 MiB at P = 2 (30 launches), 1.04-1.12x at P = 4
-// and 1.02-1.06x at P = 8 (own part only: the window); moving the threshold from 16 to 8 MiB
-// then ran 8 MiB 1.08x (P = 2, 20 launches), 1.19x (P = 4, 12) and 1.20x (P = 8, 10) as fast,
-// 2-4 MiB within the runs' spread.
-constexpr size_t kGatherStreamBytes = size_t{8} << 20;
+// ratios, bench/RESULTS.md twenty-first pass) that ran 1.04 / 1.13 / 1.23x as fast as plain
+// stores at 16 / 32 / 64 MiB at P = 2 (30 launches), 1.04-1.12x at P = 4 and 1.02-1.06x at P = 8
+// (own part only: the window).
+constexpr size_t kGatherStreamBytes = size_t{16} << 20;
+// Where ranks outnumber cores, from this size instead: the slots of all ranks share the caches
+// too. There 8 MiB ran 1.19x (P = 4, 12 launches) and 1.20x (P = 8, 10) as fast with streaming
+// stores; at P = 2, each rank on a core, 0.82x (30 launches), where the two outputs and inputs
+// (24 MiB) stay in the 32 MiB L3.
+constexpr size_t kCrowdedGatherStreamBytes = size_t{8} << 20;
 // An allreduce through the window writes its output with streaming stores from this size. From
 // 16 MiB a rank's output cannot be in the last-level cache by the time it is read: the ranks'
 // outputs together fill the 32 MiB one at P = 2 and exceed it beyond. Below it, plain stores: the
@@ -1407,7 +1411,7 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
   unsigned char* out = static_cast<unsigned char*>(recv);
   // My own part never goes through the window.
   unsigned char* my_out = out + layout.offset(rank_) * es;
-  const bool stream = total * es >= kGatherStreamBytes;
+  const bool stream = total * es >= (crowded_ ? kCrowdedGatherStreamBytes : kGatherStreamBytes);
   if (count > 0 && my_out != in) {
     const size_t n = count * es;
     if (stream && (in + n <= my_out || my_out + n <= in)) {

@@ -691,10 +691,11 @@ TEST(ShmBroadcast, StreamedOutputsOfLargeBroadcastsAreExact) {
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
-// An allgather through the window of 8 MiB and more (the gathered buffer) writes its output
-// with streaming stores (kGatherStreamBytes in shm_collectives.cc), in rounds of 256 KiB per
-// rank: parts with a tail that fills no 64-byte block, every element checked, and a small
-// allreduce after it (the stores are fenced before the call returns).
+// An allgather through the window of 16 MiB and more (the gathered buffer; from 8 MiB where
+// ranks outnumber cores) writes its output with streaming stores (kGatherStreamBytes in
+// shm_collectives.cc), in rounds of 256 KiB per rank: parts with a tail that fills no 64-byte
+// block, every element checked, and a small allreduce after it (the stores are fenced before the
+// call returns).
 TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
   std::unique_ptr<ShmCollectives> shm;
   ASSERT_NO_FATAL_FAILURE(WideWindow(&shm));
@@ -717,7 +718,7 @@ TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
-// The single-copy allgather of 8 MiB and more reads each peer's part in blocks and writes it
+// The single-copy allgather of 16 MiB and more reads each peer's part in blocks and writes it
 // out with streaming stores, its own part too (kGatherStreamBytes, kGatherBounceBytes in
 // shm_collectives.cc): parts whose lengths differ by rank and fill neither a block nor a 64-byte
 // line, out of place and in place, every element checked, and a small allreduce after each.
