@@ -148,6 +148,23 @@ class Backend {
     return Status(StatusCode::kUnimplemented, "AllReducePieces: not offered by this backend");
   }
 
+  // Optional: `bytes` of host memory for collective buffers that this backend's collectives
+  // can read and write on every rank directly (the host backend with every rank on one node:
+  // node-shared memory, runtime/shm_regions.h), like ncclMemAlloc or MPI_Alloc_mem. Collective:
+  // every rank calls it, and FreeShared, in the same order (the sizes may differ). An allreduce
+  // whose send and recv lie in such memory on every rank skips the copies through the window.
+  // Where the backend has no shared path (across nodes, the window off), plain memory that
+  // FreeShared still takes. kUnimplemented by default.
+  virtual Result<void*> AllocShared(size_t bytes, const CallOptions& opts = {}) {
+    (void)bytes, (void)opts;
+    return Status(StatusCode::kUnimplemented, "AllocShared: not offered by this backend");
+  }
+  // Frees memory that AllocShared returned on this rank; collective like it.
+  virtual Status FreeShared(void* p, const CallOptions& opts = {}) {
+    (void)p, (void)opts;
+    return Status(StatusCode::kUnimplemented, "FreeShared: not offered by this backend");
+  }
+
   // The non-blocking allreduce (the engine's chunk pipeline). The buffers must stay valid and
   // untouched until the request completes.
   virtual Result<std::unique_ptr<Request>> IAllReduce(const void* send, void* recv, size_t count,

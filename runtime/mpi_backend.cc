@@ -1,8 +1,10 @@
 #include "runtime/mpi_backend.h"
 
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -12,6 +14,7 @@
 #include "runtime/mpi_internal.h"
 #include "runtime/settings.h"
 #include "runtime/shm_collectives.h"
+#include "runtime/shm_regions.h"
 
 namespace poseidon {
 
@@ -195,8 +198,48 @@ Result<ShmCollectives*> MpiBackend::Node(const MpiWait& how) {
   PSD_ASSIGN_OR_RETURN(ShmCollectives * created,
                        Adopt(ShmCollectives::Create(comm_, chunk_bytes, k.shm_timeout_s, single),
                              &shm_, &shm_multi_node_));
-  if (created != nullptr) created->set_knobs(wanted);
+  if (created != nullptr) {
+    created->set_knobs(wanted);
+    created->set_regions(regions_.get());
+  }
   return created;
+}
+
+Result<void*> MpiBackend::AllocShared(size_t bytes, const CallOptions& opts) {
+  const MpiWait how = WaitFor("MpiBackend::AllocShared", opts);
+  PSD_CHECK(sticky_->Check("MpiBackend::AllocShared"));
+  PSD_ASSIGN_OR_RETURN(ShmCollectives * window, Node(how));
+  if (window == nullptr) {
+    // No node-shared path: plain memory, which every collective takes as any other.
+    PSD_REQUIRE_ARG(bytes > 0, "AllocShared: bytes is 0; expected at least 1");
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p == nullptr) return BackendError("AllocShared: aligned_alloc of ", bytes, " bytes failed");
+    private_shared_.push_back(p);
+    return p;
+  }
+  // The regions' MPI calls (MPI_Comm_dup, MPI_Win_allocate_shared) only block.
+  PSD_CHECK(MeetBeforeBlocking(how));
+  if (!regions_) {
+    PSD_ASSIGN_OR_RETURN(regions_, SharedRegions::Create(comm_));
+    window->set_regions(regions_.get());
+  }
+  return regions_->Allocate(bytes);
+}
+
+Status MpiBackend::FreeShared(void* p, const CallOptions& opts) {
+  auto it = std::find(private_shared_.begin(), private_shared_.end(), p);
+  if (it != private_shared_.end()) {
+    std::free(p);
+    private_shared_.erase(it);
+    return Status::Ok();
+  }
+  if (!regions_ || !regions_->Owns(p)) {
+    return InvalidArgument("FreeShared: ", p,
+                           " is not memory that AllocShared returned on this rank and that is not "
+                           "freed yet");
+  }
+  PSD_CHECK(MeetBeforeBlocking(WaitFor("MpiBackend::FreeShared", opts)));
+  return regions_->Free(p);
 }
 
 const MpiBackend::Knobs& MpiBackend::ReadKnobs() {

@@ -34,6 +34,7 @@ namespace poseidon {
 
 class HierAllReduce;
 class ShmCollectives;
+class SharedRegions;
 
 class MpiBackend final : public CheckedBackend {
  public:
@@ -54,6 +55,12 @@ class MpiBackend final : public CheckedBackend {
   Status AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
                          const CallOptions& opts, const SumCommit& commit,
                          bool* committed) override;
+
+  // Node-shared memory where every rank of the communicator is on one node and the window is
+  // on (POSEIDON_SHM_THRESHOLD_BYTES > 0), else 64-byte aligned private memory. Under
+  // opts.interrupt, a barrier polled under it first (the allocation's MPI calls only block).
+  Result<void*> AllocShared(size_t bytes, const CallOptions& opts = {}) override;
+  Status FreeShared(void* p, const CallOptions& opts = {}) override;
 
   MPI_Comm comm() const { return comm_; }
   // The smallest allreduce, in bytes, that takes the two-level path across nodes (0: never),
@@ -180,6 +187,11 @@ class MpiBackend final : public CheckedBackend {
   std::shared_ptr<std::vector<unsigned char>> rd_peer_;
   int rank_ = 0;
   int size_ = 1;
+  // AllocShared's memory: node-shared regions (created at the first AllocShared that finds the
+  // window; declared before shm_, which points to it, so that it is destroyed after), and the
+  // private blocks handed out where there is no window.
+  std::unique_ptr<SharedRegions> regions_;
+  std::vector<void*> private_shared_;
   std::unique_ptr<ShmCollectives> shm_;
   bool shm_multi_node_ = false;  // learned collectively at the first large call
   // The settings' version at which Node last found shm_ matching them (see Checked).

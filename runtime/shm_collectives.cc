@@ -163,6 +163,7 @@
 #include "runtime/or_agreement.h"
 #include "runtime/hash.h"
 #include "runtime/shm_reduce.h"
+#include "runtime/shm_regions.h"
 #include "runtime/spin.h"
 #include "runtime/shard.h"
 
@@ -270,6 +271,10 @@ constexpr size_t kReduceStreamBytes = size_t{16} << 20;
 // (1 MiB L2) the two were even (seventeenth pass: 16 / 32 / 64 MiB at P = 4 in 3576-4632 /
 // 7466-7715 / 14516-14916 us against 3781-3842 / 7348-9258 / 14593-16399 us).
 constexpr size_t kReducePieceBytes = size_t{512} << 10;
+// ReduceShared sums a rank's shard in blocks of this size, each written out to every rank.
+constexpr size_t kSharedBlockBytes = size_t{16} << 10;
+// A descriptor's copy_errno where ReduceShared could not map a peer's buffers.
+constexpr int32_t kUnknownRegion = -1;
 
 // ceil(n / per), without the division in the common case of one part: a 64-bit division
 // costs tens of cycles, on the path of every small call before its data moves.
@@ -332,6 +337,10 @@ struct ShmCollectives::Descriptor : Stamp {
   // outcome of its reads (an errno, 0 when all succeeded, and the rank it failed to read).
   uint64_t source;
   uint64_t target;  // AllReduce only: the address of this rank's output
+  // AllReduce above the one-Sync size: the codes of this rank's input and output in node-shared
+  // memory (SharedRegions::Encode), 0 where they lie elsewhere.
+  uint64_t shared_source;
+  uint64_t shared_target;
   int32_t copy_errno;
   int32_t copy_from;
   // Broadcast in single copy: a receiver's mark that it has read the root's buffer in this
@@ -346,7 +355,7 @@ struct ShmCollectives::Descriptor : Stamp {
 namespace {
 // The control area: the counter line, then kDescPlaces descriptors; slots start 64-byte
 // aligned.
-constexpr size_t kDescBytes = 384;  // one descriptor's place
+constexpr size_t kDescBytes = 448;  // one descriptor's place (seven cache lines)
 // Call c's descriptor lives in place c % 4: three are needed (see the header), a fourth makes
 // the place a mask of the index instead of a division.
 constexpr uint64_t kDescPlaces = 4;
@@ -1175,6 +1184,11 @@ Status CopyError(const char* call, int reader, int from, int err) {
 Status ShmCollectives::CopyOutcome(const char* call, uint64_t index) const {
   for (int r = 0; r < size_; ++r) {
     const Descriptor* d = Desc(r, index);
+    if (d->copy_errno == kUnknownRegion) {
+      return InvalidArgument(call, ": node rank ", r, " cannot map node rank ", d->copy_from,
+                             "'s buffers in node-shared memory (AllocShared / FreeShared must "
+                             "be called on every rank alike, in the same order)");
+    }
     if (d->copy_errno != 0) return CopyError(call, r, d->copy_from, d->copy_errno);
   }
   return Status::Ok();
@@ -1216,6 +1230,7 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
 
   if (single_copy_reduce_bytes_ > 0 && count * es >= single_copy_reduce_bytes_ &&
       count * es < kDirectReduceMaxBytes) {
+    PublishShared(send, recv, count * es);
     return ReduceDirect(send, recv, count, dtype, interrupt, a);
   }
   const size_t per_chunk = std::min(slot_bytes_, kReducePieceBytes) / es;
@@ -1233,9 +1248,18 @@ Status ShmCollectives::AllReduce(const void* send, void* recv, size_t count, DTy
     std::memcpy(slot + (off + mine) * es, src + (off + mine) * es, (len - off - mine) * es);
   };
 
+  const bool mine_shared = PublishShared(send, recv, count * es);
   const uint64_t first = stage_;
-  copy_in(0, first);
+  if (!mine_shared) copy_in(0, first);
   PSD_CHECK(Enter(a, interrupt));
+  const int shared = SharedRanks(calls_ - 1);
+  if (shared == size_) return ReduceShared(send, recv, count, dtype, call, interrupt);
+  if (shared > 0) {
+    // Some ranks' buffers are shared and some not: the window, its first chunk copied in by
+    // every rank before anyone reduces it.
+    if (mine_shared) copy_in(0, first);
+    PSD_CHECK(Sync(call, interrupt));
+  }
   for (size_t k = 0; k < chunks; ++k) {
     const uint64_t stage = first + k;
     const size_t len = chunk_len(k);
@@ -1503,6 +1527,80 @@ Status ShmCollectives::GatherDirect(const void* send, void* recv, const GatherLa
   return FinishSingleCopy(a.call, interrupt, err, from);
 }
 
+bool ShmCollectives::PublishShared(const void* send, const void* recv, size_t bytes) {
+  // A rank whose send and recv overlap without being the same buffer takes the other ways,
+  // where that is safe.
+  const auto* in = static_cast<const unsigned char*>(send);
+  const auto* out = static_cast<const unsigned char*>(recv);
+  uint64_t send_code = 0, recv_code = 0;
+  if (regions_ != nullptr && (in == out || in + bytes <= out || out + bytes <= in)) {
+    send_code = regions_->Encode(send, bytes);
+    recv_code = send_code != 0 ? regions_->Encode(recv, bytes) : 0;
+  }
+  Descriptor* own = Desc(rank_, calls_);
+  own->shared_source = send_code;
+  own->shared_target = recv_code;
+  return send_code != 0 && recv_code != 0;
+}
+
+int ShmCollectives::SharedRanks(uint64_t index) const {
+  int shared = 0;
+  for (int r = 0; r < size_; ++r) {
+    const Descriptor* d = Desc(r, index);
+    shared += d->shared_source != 0 && d->shared_target != 0 ? 1 : 0;
+  }
+  return shared;
+}
+
+Status ShmCollectives::ReduceShared(const void* send, void* recv, size_t count, DType dtype,
+                                    const char* call, const Interrupt* interrupt) {
+  const size_t es = DTypeSize(dtype);
+  const uint64_t index = calls_ - 1;
+  std::vector<const unsigned char*>& ins = shared_ins_;
+  std::vector<unsigned char*>& outs = shared_outs_;
+  ins.resize(static_cast<size_t>(size_));
+  outs.resize(static_cast<size_t>(size_));
+  int unknown = -1;
+  for (int r = 0; r < size_; ++r) {
+    const Descriptor* d = Desc(r, index);
+    const size_t i = static_cast<size_t>(r);
+    ins[i] = r == rank_ ? static_cast<const unsigned char*>(send)
+                        : regions_->Address(d->shared_source, r);
+    outs[i] = r == rank_ ? static_cast<unsigned char*>(recv)
+                         : regions_->Address(d->shared_target, r);
+    if (ins[i] == nullptr || outs[i] == nullptr) unknown = r;
+  }
+  if (unknown >= 0) {
+    // Regions are allocated and freed collectively, so every rank maps every live one: a code
+    // this rank cannot map means the ranks did not allocate or free alike. This rank sums
+    // nothing and says so in its descriptor; every rank returns that error (CopyOutcome).
+    return FinishSingleCopy(call, interrupt, kUnknownRegion, unknown);
+  }
+  // My shard, block by block: every rank's part summed in rank order into a block of mine
+  // (it stays in this core's L1), then written to every rank's output, peers in the order
+  // rank+1, rank+2, ... In place is safe: a shard is read and written by its reducer alone,
+  // each block read whole before it is written.
+  ++shared_calls_;
+  const size_t off = ShardOffset(count, size_, rank_), mine = ShardCount(count, size_, rank_);
+  const size_t per_block = kSharedBlockBytes / es;
+  const bool stream = count * es >= kReduceStreamBytes;
+  if (shared_block_.size() < kSharedBlockBytes) shared_block_.resize(kSharedBlockBytes);
+  std::vector<const void*>& srcs = srcs_;
+  for (size_t b = 0; b < mine; b += per_block) {
+    const size_t n = std::min(per_block, mine - b);
+    const size_t at = (off + b) * es;
+    for (int r = 0; r < size_; ++r) srcs[static_cast<size_t>(r)] = ins[static_cast<size_t>(r)] + at;
+    ShmReduceSum(dtype, srcs.data(), size_, shared_block_.data(), n);
+    for (int j = 0; j < size_; ++j) {
+      const size_t r = static_cast<size_t>((rank_ + j) % size_);
+      CopyOut(outs[r] + at, shared_block_.data(), n * es, stream);
+    }
+  }
+  if (stream) StreamFence();
+  // Nobody returns (and reuses its input or reads its output) before every shard is written.
+  return FinishSingleCopy(call, interrupt, 0, -1);
+}
+
 Status ShmCollectives::ReduceDirect(const void* send, void* recv, size_t count, DType dtype,
                                     const Interrupt* interrupt, const CollectiveArgs& a) {
   const size_t es = DTypeSize(dtype);
@@ -1514,6 +1612,7 @@ Status ShmCollectives::ReduceDirect(const void* send, void* recv, size_t count, 
   own->target = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(recv));
   PSD_CHECK(Enter(a, interrupt));
   const uint64_t index = calls_ - 1;
+  if (SharedRanks(index) == size_) return ReduceShared(send, recv, count, dtype, a.call, interrupt);
   const size_t peers = static_cast<size_t>(size_ - 1);
   if (direct_blocks_.size() < peers * kDirectBlockBytes) {
     direct_blocks_.resize(peers * kDirectBlockBytes);

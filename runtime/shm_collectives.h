@@ -125,6 +125,8 @@
 
 namespace poseidon {
 
+class SharedRegions;
+
 class ShmCollectives {
  public:
   static constexpr size_t kSingleCopyAuto = SIZE_MAX;
@@ -184,6 +186,14 @@ class ShmCollectives {
   Status AllReducePieces(const std::vector<SumPiece>& pieces, DType dtype,
                          const Interrupt* interrupt, const CollectiveArgs& args,
                          const SumCommit& commit, bool* committed);
+  // The node-shared memory (SharedRegions over the same ranks, numbered alike) whose buffers
+  // AllReduce reads and writes in place of the window's copies: where every rank's send and
+  // recv lie in it, above the one-Sync size, each rank sums its shard of every rank's input
+  // straight into every rank's output (one read of each input byte, one write of each output
+  // byte, two Syncs). Null (the default): never. Every rank sets it alike (MpiBackend does).
+  void set_regions(const SharedRegions* regions) { regions_ = regions; }
+  // How many allreduces took that way (summed straight between node-shared buffers).
+  uint64_t shared_calls() const { return shared_calls_; }
   // Only the agreement: one Sync that carries args (for calls whose data moves another way,
   // and for Barrier). OK on every rank or the same error on every rank.
   Status Agree(const CollectiveArgs& args, const Interrupt* interrupt = nullptr);
@@ -369,6 +379,16 @@ class ShmCollectives {
   Status AwaitCopied(const char* call, const Interrupt* interrupt, uint64_t index, int root);
   // The first read failure a rank recorded in its descriptor of call `index`, or OK.
   Status CopyOutcome(const char* call, uint64_t index) const;
+  // AllReduce: writes the codes of send's and recv's `bytes` in node-shared memory into this
+  // rank's descriptor of the next call (0 where they are not there); whether both are.
+  bool PublishShared(const void* send, const void* recv, size_t bytes);
+  // How many ranks published both codes for call `index`.
+  int SharedRanks(uint64_t index) const;
+  // AllReduce where every rank's send and recv lie in node-shared memory (set_regions; the
+  // descriptors of call calls_ - 1 carry their codes): each rank sums its shard straight from
+  // every rank's input into every rank's output, then Syncs; the same bits as the window.
+  Status ReduceShared(const void* send, void* recv, size_t count, DType dtype, const char* call,
+                      const Interrupt* interrupt);
   Status ReduceDirect(const void* send, void* recv, size_t count, DType dtype,
                       const Interrupt* interrupt, const CollectiveArgs& a);
 
@@ -391,6 +411,11 @@ class ShmCollectives {
   size_t single_copy_bcast_bytes_ = 0;  // Broadcast; 0: off
   std::string single_copy_note_;
   std::vector<int> pids_;  // every node rank's process id (single copy only)
+  const SharedRegions* regions_ = nullptr;  // set_regions
+  uint64_t shared_calls_ = 0;
+  std::vector<const unsigned char*> shared_ins_;  // ReduceShared: every rank's input, mapped
+  std::vector<unsigned char*> shared_outs_;       // and output
+  std::vector<unsigned char> shared_block_;       // ReduceShared: one block of sums
   std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer; GatherDirect
   double timeout_s_ = 0;
   bool crowded_ = false;  // more ranks than cores (the same count on every rank)

@@ -96,6 +96,9 @@ void AddOptions(cli::Flags& flags, Options* o) {
                  o->dtype = *t;
                  return Status::Ok();
                });
+  flags.Bool("--registered", &o->registered,
+             "host buffers from Backend::AllocShared (node-shared memory) instead of\n"
+             "aligned_alloc, for both columns");
   flags.Bool("--json", &o->json, "JSON instead of the table");
   flags.Bool("--no-peer", &o->no_peer, "skip Open MPI's own call");
   flags.Bool("--per-rank", &o->per_rank,

@@ -55,6 +55,7 @@ struct Options {
   bool per_rank = false;
   BarrierKind barrier = BarrierKind::kMpi;
   MemoryKind memory = MemoryKind::kHost;
+  bool registered = false;  // --registered: buffers from Backend::AllocShared
   DType dtype = DType::kFloat32;
   int thread_level = -1;  // -t: an MPI_THREAD_* level; -1: the program's RequiredThreadLevel
 };

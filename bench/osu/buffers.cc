@@ -2,6 +2,7 @@
 #include "bench/osu/buffers.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,7 +20,10 @@ namespace poseidon::osu {
 Buffer::~Buffer() { Free(); }
 
 void Buffer::Free() {
-  if (data_ != nullptr) {
+  if (data_ != nullptr && shared_ != nullptr) {
+    Status freed = shared_->FreeShared(data_);
+    if (!freed.ok()) std::fprintf(stderr, "Buffer: %s\n", freed.ToString().c_str());
+  } else if (data_ != nullptr) {
 #if POSEIDON_CUDA_ENABLED
     if (memory_ == MemoryKind::kDevice) {
       cudaFree(data_);
@@ -31,10 +35,11 @@ void Buffer::Free() {
 #endif
   }
   data_ = nullptr;
+  shared_ = nullptr;
   bytes_ = 0;
 }
 
-Status Buffer::Allocate(MemoryKind memory, size_t bytes) {
+Status Buffer::Allocate(MemoryKind memory, size_t bytes, Backend* shared) {
   Free();
   memory_ = memory;
   bytes_ = bytes;
@@ -49,6 +54,12 @@ Status Buffer::Allocate(MemoryKind memory, size_t bytes) {
     return Status::Ok();
   }
 #endif
+  if (shared != nullptr && memory == MemoryKind::kHost) {
+    PSD_ASSIGN_OR_RETURN(data_, shared->AllocShared(n));
+    shared_ = shared;
+    std::memset(data_, 0, n);
+    return Status::Ok();
+  }
   data_ = std::aligned_alloc(64, (n + 63) / 64 * 64);
   if (data_ == nullptr) return BackendError("aligned_alloc of ", n, " bytes failed");
   std::memset(data_, 0, n);  // touch every page outside the timed runs
@@ -102,9 +113,10 @@ Status BufferCollective::PrepareBuffers(const Context& ctx, size_t send_count, s
   const size_t es = DTypeSize(ctx.dtype);
   std::vector<unsigned char> host(send_count * es);
   FillFormula(ctx.dtype, ctx.rank + 1.0, 0, send_count, host.data());
-  PSD_CHECK(send_.Allocate(ctx.memory, send_count * es));
+  Backend* shared = ctx.registered ? ctx.backend : nullptr;
+  PSD_CHECK(send_.Allocate(ctx.memory, send_count * es, shared));
   PSD_CHECK(send_.Upload(host.data(), send_count * es));
-  PSD_CHECK(recv_.Allocate(ctx.memory, recv_count * es));
+  PSD_CHECK(recv_.Allocate(ctx.memory, recv_count * es, shared));
   want_.resize(recv_count * es);
   if (ctx.memory != MemoryKind::kHost) got_.resize(recv_count * es);
   return Status::Ok();

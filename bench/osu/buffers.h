@@ -21,7 +21,9 @@ class Buffer {
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  Status Allocate(MemoryKind memory, size_t bytes);
+  // shared (host memory only): from shared->AllocShared, a collective call (every rank
+  // allocates, and frees, the same buffers in the same order); null: aligned_alloc.
+  Status Allocate(MemoryKind memory, size_t bytes, Backend* shared = nullptr);
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Status Upload(const void* host, size_t bytes);
@@ -31,6 +33,7 @@ class Buffer {
 
  private:
   MemoryKind memory_ = MemoryKind::kHost;
+  Backend* shared_ = nullptr;  // the backend that allocated data_, if AllocShared did
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };

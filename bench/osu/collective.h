@@ -20,6 +20,7 @@ struct Context {
   Communicator* comm = nullptr;
   Backend* backend = nullptr;  // ours, for the chosen memory kind
   MemoryKind memory = MemoryKind::kHost;
+  bool registered = false;  // host buffers from backend->AllocShared (--registered)
   DType dtype = DType::kFloat32;
   int rank = 0;
   int world = 1;

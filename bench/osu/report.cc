@@ -70,9 +70,9 @@ void Report::Header(const bench::Preamble& preamble, const ThreadLevels& t) {
     std::printf(
         "  \"mpi_thread_level\": \"%s\",\n  \"mpi_thread_level_asked\": \"%s\",\n"
         "  \"mpi_thread_level_needed\": \"%s\",\n  \"liveness_thread\": %s,\n"
-        "  \"barrier\": \"%s\",\n",
+        "  \"barrier\": \"%s\",\n  \"buffers\": \"%s\",\n",
         level.c_str(), asked.c_str(), needed.c_str(), t.liveness ? "true" : "false",
-        BarrierName(opt_.barrier).c_str());
+        BarrierName(opt_.barrier).c_str(), opt_.registered ? "registered" : "private");
     std::printf("  \"busbw_factor\": \"%s\",\n", c_.factor_text().c_str());
     std::printf(
         "  \"options\": {\"min_bytes\": %zu, \"max_bytes\": %zu, \"iterations\": %d, "
@@ -91,6 +91,10 @@ void Report::Header(const bench::Preamble& preamble, const ThreadLevels& t) {
               opt_.barrier == BarrierKind::kNode
                   ? "node (shared-memory spin barrier, no MPI progress; --barrier node)"
                   : "MPI_Barrier (as OSU)");
+  std::printf("# buffers: %s\n", opt_.registered
+                                      ? "node-shared (Backend::AllocShared, --registered), both "
+                                        "columns"
+                                      : "private (aligned_alloc), both columns");
   std::printf("# sizes %zu..%zu B, %d iterations (%d above 1 MiB), %d warm-up, type %s\n",
               opt_.min_bytes, opt_.max_bytes, opt_.iterations,
               RunsFor(kLargeBytes * 2, opt_.iterations, 2), opt_.warmup,

@@ -147,6 +147,7 @@ int RunSizes(const Options& opt, const ThreadLevels& levels, Communicator& comm,
   ctx.comm = &comm;
   ctx.backend = *backend;
   ctx.memory = opt.memory;
+  ctx.registered = opt.registered;
   ctx.dtype = opt.dtype;
   ctx.rank = comm.rank();
   ctx.world = comm.size();

@@ -1,0 +1,261 @@
+// Multi-rank tests of node-shared memory (runtime/shm_regions.h) and the allreduce that sums
+// straight between node-shared buffers (ShmCollectives::set_regions), directly and through
+// MpiBackend::AllocShared. Exact values, every rank kept in step (rank_checks.h); part of
+// shm_collectives_test.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/mpi_backend.h"
+#include "runtime/settings.h"
+#include "runtime/shm_collectives.h"
+#include "runtime/shm_regions.h"
+#include "test/mpi/rank_checks.h"
+#include "test/mpi/shm_test_util.h"
+#include "test/mpi/typed_buffer.h"
+#include "test/mpi_test_main.h"
+
+namespace poseidon {
+namespace {
+
+using testing::AllEqual;
+using testing::Exact;
+using testing::F;
+using testing::kAllTypes;
+using testing::OkOnEveryRank;
+using testing::OnEveryRank;
+using testing::SameOnEveryRank;
+using testing::World;
+
+using Buf = testing::TypedBuffer;
+
+class ShmShared : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    auto s = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 0);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    shm_ = std::move(s).value();
+    auto r = SharedRegions::Create(World()->mpi_comm());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    regions_ = std::move(r).value();
+    shm_->set_regions(regions_.get());
+  }
+  void TearDown() override {
+    shm_.reset();
+    regions_.reset();
+  }
+  int rank() { return World()->rank(); }
+  int size() { return World()->size(); }
+  double Tri() { return size() * (size() + 1) / 2.0; }
+  // Collective: n elements of node-shared memory (at least one byte).
+  unsigned char* Alloc(size_t bytes) {
+    auto p = regions_->Allocate(bytes == 0 ? 1 : bytes);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? static_cast<unsigned char*>(*p) : nullptr;
+  }
+  std::unique_ptr<ShmCollectives> shm_;
+  std::unique_ptr<SharedRegions> regions_;
+};
+
+// Counts: one Sync's worth and below (the window's one-shot form), a few blocks with a ragged
+// end, several MiB; float32 also 16 MiB + 4 B, where the outputs are written with streaming
+// stores.
+std::vector<size_t> SharedCounts(DType dt) {
+  std::vector<size_t> n = {1, 7, 40000 + 3, (size_t{3} << 20) / DTypeSize(dt) + 5};
+  if (dt == DType::kFloat32) n.push_back((size_t{16} << 20) / 4 + 1);
+  return n;
+}
+
+TEST_P(ShmShared, AllReduceBetweenSharedBuffersIsExactOutOfPlaceAndInPlace) {
+  const DType dt = GetParam();
+  const size_t es = DTypeSize(dt);
+  for (size_t n : SharedCounts(dt)) {
+    Buf host(dt, n), got(dt, n);
+    for (size_t i = 0; i < n; ++i) host.Set(i, (rank() + 1) * F(i));
+    unsigned char* send = Alloc(n * es);
+    unsigned char* recv = Alloc(n * es);
+    ASSERT_TRUE(OnEveryRank(send != nullptr && recv != nullptr));
+    std::memcpy(send, host.data(), n * es);
+    std::memset(recv, 0xA5, n * es);
+    const uint64_t before = shm_->shared_calls();
+    auto want = [&](size_t i) { return Exact(dt, Tri() * F(i)); };
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(send, recv, n, dt)));
+    std::memcpy(got.data(), recv, n * es);
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return got.Get(i); }, want)) << "n=" << n;
+    EXPECT_TRUE(SameOnEveryRank(recv, n * es)) << "n=" << n;
+    // The input is untouched.
+    EXPECT_EQ(std::memcmp(send, host.data(), n * es), 0) << "n=" << n;
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(send, send, n, dt)));
+    std::memcpy(got.data(), send, n * es);
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return got.Get(i); }, want)) << "in place, n=" << n;
+    // Above the one-Sync size both calls summed straight between the shared buffers.
+    const bool large = n * es > (size() <= 2 ? size_t{256} << 10 : size_t{32} << 10);
+    EXPECT_EQ(shm_->shared_calls() - before, large ? 2u : 0u) << "n=" << n;
+    ASSERT_TRUE(OkOnEveryRank(regions_->Free(recv)));
+    ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
+  }
+  EXPECT_EQ(regions_->live(), 0u);
+}
+
+// The same bits as the window: the shared way and the private way give identical outputs.
+TEST_P(ShmShared, SameBitsAsTheWindow) {
+  const DType dt = GetParam();
+  const size_t es = DTypeSize(dt);
+  const size_t n = 100003;
+  Buf host(dt, n), window(dt, n);
+  for (size_t i = 0; i < n; ++i) {
+    host.Set(i, (rank() % 3 + 1) * 0.37 * F(i) + (dt == DType::kInt32 || dt == DType::kInt64
+                                                     ? 0
+                                                     : 1.0 / (rank() + 3)));
+  }
+  ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(host.data(), window.data(), n, dt)));
+  unsigned char* send = Alloc(n * es);
+  unsigned char* recv = Alloc(n * es);
+  std::memcpy(send, host.data(), n * es);
+  ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(send, recv, n, dt)));
+  EXPECT_TRUE(OnEveryRank(std::memcmp(recv, window.data(), n * es) == 0));
+  ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
+  ASSERT_TRUE(OkOnEveryRank(regions_->Free(recv)));
+}
+
+// One rank's buffers are private (or only its input is shared): every rank takes the window,
+// results exact.
+TEST_P(ShmShared, PrivateBuffersOnOneRankTakeTheWindow) {
+  const DType dt = GetParam();
+  const size_t es = DTypeSize(dt);
+  const size_t n = (size_t{1} << 20) / es + 3;
+  for (int odd = 0; odd < 2; ++odd) {
+    Buf host(dt, n), priv(dt, n), got(dt, n);
+    for (size_t i = 0; i < n; ++i) host.Set(i, (rank() + 1) * F(i));
+    unsigned char* send = Alloc(n * es);
+    unsigned char* recv = Alloc(n * es);
+    std::memcpy(send, host.data(), n * es);
+    const bool alone = rank() == size() - 1;
+    const void* in = alone && odd == 0 ? host.data() : send;
+    void* out = alone ? priv.data() : recv;
+    const uint64_t before = shm_->shared_calls();
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(in, out, n, dt)));
+    std::memcpy(got.data(), out, n * es);
+    EXPECT_TRUE(AllEqual(n, [&](size_t i) { return got.Get(i); },
+                         [&](size_t i) { return Exact(dt, Tri() * F(i)); }))
+        << "odd=" << odd;
+    EXPECT_EQ(shm_->shared_calls(), before);
+    ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
+    ASSERT_TRUE(OkOnEveryRank(regions_->Free(recv)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, ShmShared, ::testing::ValuesIn(kAllTypes),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return DTypeName(info.param);
+                         });
+
+TEST(ShmRegions, SizesMayDifferByRankAndBadSizesFailEveryRank) {
+  auto r = SharedRegions::Create(World()->mpi_comm());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::unique_ptr<SharedRegions> regions = std::move(r).value();
+  const int me = World()->rank(), p = World()->size();
+  // Every rank writes its part; every rank sees every part through the codes.
+  const size_t mine = 4096 * static_cast<size_t>(me + 1) + 8;
+  auto got = regions->Allocate(mine);
+  ASSERT_TRUE(OkOnEveryRank(got.status()));
+  auto* base = static_cast<unsigned char*>(*got);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(base) % 64, 0u);
+  std::memset(base, me + 1, mine);
+  const uint64_t code = regions->Encode(base + 8, mine - 8);
+  EXPECT_NE(code, 0u);
+  EXPECT_EQ(regions->Encode(base + 8, mine), 0u);  // runs past the end of the part
+  int other = 0;
+  EXPECT_EQ(regions->Encode(&other, sizeof(other)), 0u);  // private memory
+  std::vector<uint64_t> codes(static_cast<size_t>(p));
+  MPI_Allgather(&code, 1, MPI_UINT64_T, codes.data(), 1, MPI_UINT64_T, World()->mpi_comm());
+  bool seen = true;
+  for (int q = 0; q < p; ++q) {
+    const unsigned char* at = regions->Address(codes[static_cast<size_t>(q)], q);
+    seen = seen && at != nullptr && at[0] == q + 1 && at[4096 * static_cast<size_t>(q)] == q + 1;
+  }
+  EXPECT_TRUE(OnEveryRank(seen));
+  EXPECT_EQ(regions->Address(code + (uint64_t{1} << 40) * 5, me), nullptr);  // no such region
+  EXPECT_EQ(regions->Address(0, me), nullptr);
+  EXPECT_EQ(regions->Address(code, p), nullptr);  // no such rank
+  MPI_Barrier(World()->mpi_comm());
+
+  // A bad size on one rank fails the call on every rank, and nothing is allocated.
+  auto bad = regions->Allocate(me == p - 1 ? 0 : 4096);
+  EXPECT_TRUE(OnEveryRank(bad.status().code() == StatusCode::kInvalidArgument));
+  if (me == p - 1) {
+    EXPECT_NE(bad.status().message().find("bytes is 0"), std::string::npos) << bad.status().ToString();
+  } else if (p > 1) {
+    EXPECT_NE(bad.status().message().find("another rank"), std::string::npos)
+        << bad.status().ToString();
+  }
+  EXPECT_EQ(regions->live(), 1u);
+  // Freeing what is not a region's start is refused on this rank alone.
+  Status wrong = regions->Free(base + 64);
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument) << wrong.ToString();
+  EXPECT_FALSE(regions->Owns(base + 64));
+  EXPECT_TRUE(regions->Owns(base));
+  ASSERT_TRUE(OkOnEveryRank(regions->Free(base)));
+  EXPECT_EQ(regions->live(), 0u);
+  EXPECT_EQ(regions->Free(base).code(), StatusCode::kInvalidArgument);  // twice
+}
+
+// Through the backend: AllocShared / FreeShared, and an allreduce between such buffers exact
+// at a size above every one-Sync form.
+class ShmSharedBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", "1").ok());
+  }
+  void TearDown() override { Settings::Global().Reset(); }
+  Backend& be() { return World()->host_backend(); }
+};
+
+TEST_F(ShmSharedBackend, AllocSharedAllReduceFreeShared) {
+  const int me = World()->rank(), p = World()->size();
+  const size_t n = 300007;
+  const DType dt = DType::kFloat32;
+  auto s = be().AllocShared(n * 4);
+  ASSERT_TRUE(OkOnEveryRank(s.status()));
+  auto r = be().AllocShared(n * 4);
+  ASSERT_TRUE(OkOnEveryRank(r.status()));
+  auto* send = static_cast<float*>(*s);
+  auto* recv = static_cast<float*>(*r);
+  for (size_t i = 0; i < n; ++i) send[i] = static_cast<float>((me + 1) * F(i));
+  const double tri = p * (p + 1) / 2.0;
+  ASSERT_TRUE(OkOnEveryRank(be().AllReduce(send, recv, n, dt)));
+  EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(recv[i]); },
+                       [&](size_t i) { return Exact(dt, tri * F(i)); }));
+  ASSERT_TRUE(OkOnEveryRank(be().AllReduce(recv, recv, n, dt)));
+  EXPECT_TRUE(AllEqual(n, [&](size_t i) { return static_cast<double>(recv[i]); },
+                       [&](size_t i) { return Exact(dt, p * tri * F(i)); }));
+  int local = 0;
+  Status bogus = be().FreeShared(&local);
+  EXPECT_EQ(bogus.code(), StatusCode::kInvalidArgument) << bogus.ToString();
+  EXPECT_NE(bogus.message().find("FreeShared"), std::string::npos) << bogus.ToString();
+  ASSERT_TRUE(OkOnEveryRank(be().FreeShared(recv)));
+  ASSERT_TRUE(OkOnEveryRank(be().FreeShared(send)));
+}
+
+// With the window off there is no node-shared path: plain memory, freed the same way.
+TEST_F(ShmSharedBackend, WindowOffGivesPlainMemory) {
+  ASSERT_TRUE(Settings::Global().Set("POSEIDON_SHM_THRESHOLD_BYTES", "0").ok());
+  const int p = World()->size();
+  auto s = be().AllocShared(4096);
+  ASSERT_TRUE(OkOnEveryRank(s.status()));
+  auto* x = static_cast<float*>(*s);
+  for (int i = 0; i < 1024; ++i) x[i] = static_cast<float>(i);
+  ASSERT_TRUE(OkOnEveryRank(be().AllReduce(x, x, 1024, DType::kFloat32)));
+  bool ok = true;
+  for (int i = 0; i < 1024; ++i) ok = ok && x[i] == static_cast<float>(i * p);
+  EXPECT_TRUE(OnEveryRank(ok));
+  ASSERT_TRUE(OkOnEveryRank(be().FreeShared(x)));
+  EXPECT_EQ(be().FreeShared(x).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace poseidon
