@@ -108,6 +108,20 @@
 // up to 1.4x slower for allreduces, so kSingleCopyAuto keeps the window for them there and
 // times the broadcast both ways instead.
 //
+// AllReduce between node-shared buffers (above one_shot_bytes_, where every rank's send and recv
+// lie in SharedRegions memory: Backend::AllocShared): every rank publishes its buffers' codes
+// in its descriptor (PublishShared) and skips the copy of chunk 0 into the window; Enter; where
+// every rank published both codes, each rank sums its shard of the whole buffer in 16 KiB blocks
+// straight from every rank's input (mapped here) into a block of its own, written out to every
+// rank's output (streaming stores from kReduceStreamBytes); Sync (FinishSingleCopy: every rank
+// has its output, no input is read any more). Per byte of the buffer a rank reads each input
+// byte once and writes each output byte once, against the window's copy in, sum and copy out
+// (2.75 bytes read and 2 written per byte at P = 4). Where only some ranks published codes, those
+// copy chunk 0 in after Enter and every rank Syncs once more before the window's rounds. The same
+// bits as the window (each element summed in rank order). In place is safe: a shard's input and
+// output are touched by its reducer alone, each block read whole before it is written. It takes
+// precedence over the single copy too (ReduceDirect checks the codes after its Enter).
+//
 // Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores and it ran faster at
 // creation, from kAutoBroadcastSingleCopyBytes up to kDirectBroadcastMaxBytes): the root puts its
 // buffer's address in its descriptor and arrives; a receiver arrives, waits for the root's arrival

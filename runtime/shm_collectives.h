@@ -66,6 +66,12 @@
 // has the data, the root once every receiver has read it. At P = 8 it won on both CPUs; at
 // P = 4 on the AMD CPU the window won.
 //
+// Node-shared buffers (set_regions, Backend::AllocShared): an AllReduce above the one-Sync size
+// whose send and recv lie in node-shared memory on every rank needs neither the window's copies
+// nor the kernel's: each rank sums its shard straight from every rank's input into every rank's
+// output, between the agreement's Sync and one more. Every rank publishes where its buffers lie
+// in its descriptor, so ranks whose buffers are private take the window with the others, alike.
+//
 // Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the usual
 // parameter and object broadcasts, every small one; with more than two ranks per core, up to P
 // slots laid across every rank's slot of the stage, across_bytes()). The root copies its buffer

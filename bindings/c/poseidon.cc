@@ -432,6 +432,27 @@ psdResult_t psdBroadcast(psdComm_t comm, void* buf, size_t count, psdDataType_t 
   return capi::Broadcast(comm, buf, count, dtype, root, memory, stream, nullptr);
 }
 
+psdResult_t psdMemAlloc(psdComm_t comm, size_t bytes, void** ptr) {
+  return WithComm("psdMemAlloc", comm, [&](CommState& s) -> Status {
+    if (ptr == nullptr) {
+      // Join the allocation's size check with a size it refuses, so the peers fail with this
+      // rank instead of waiting for it.
+      (void)s.comm->host_backend().AllocShared(0);
+      return InvalidArgument("ptr is NULL; expected where to store the memory's address");
+    }
+    *ptr = nullptr;
+    PSD_ASSIGN_OR_RETURN(*ptr, s.comm->host_backend().AllocShared(bytes));
+    return Status::Ok();
+  });
+}
+
+psdResult_t psdMemFree(psdComm_t comm, void* ptr) {
+  return WithComm("psdMemFree", comm, [&](CommState& s) -> Status {
+    if (ptr == nullptr) return Status::Ok();
+    return s.comm->host_backend().FreeShared(ptr);
+  });
+}
+
 psdResult_t psdBarrier(psdComm_t comm) {
   return WithComm("psdBarrier", comm,
                   [&](CommState& s) -> Status { return s.comm->host_backend().Barrier(); });

@@ -242,6 +242,19 @@ PSD_API psdResult_t psdBroadcast(psdComm_t comm, void* buf, size_t count, psdDat
 
 PSD_API psdResult_t psdBarrier(psdComm_t comm);
 
+/* ---- node-shared host memory --------------------------------------------------------------
+ * *ptr gets `bytes` (> 0) of host memory, 64-byte aligned, that every rank on this node maps:
+ * a psdAllReduce whose send and recv lie in such memory on every rank (above 32 KiB; 256 KiB at
+ * 2 ranks) sums straight from every rank's input into every rank's output, with no copy
+ * through the shared-memory window (the host counterpart of ncclMemAlloc). Collective: every
+ * rank calls psdMemAlloc, and psdMemFree, in the same order; the sizes may differ. A size of 0
+ * (or a NULL ptr) on one rank fails the call on every rank. Where the ranks span several nodes
+ * or the window is off (POSEIDON_SHM_THRESHOLD_BYTES=0), plain memory, which psdMemFree still
+ * takes. */
+PSD_API psdResult_t psdMemAlloc(psdComm_t comm, size_t bytes, void** ptr);
+/* Frees what psdMemAlloc returned on this rank; collective like it. */
+PSD_API psdResult_t psdMemFree(psdComm_t comm, void* ptr);
+
 /* ---- layers and the plan ---------------------------------------------------------------- */
 
 /* Fills *config with the defaults (dense, automatic strategy, default density, no optimizer;

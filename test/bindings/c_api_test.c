@@ -88,6 +88,36 @@ static void TestAllReduce(psdComm_t comm, int size) {
   }
 }
 
+/* Node-shared memory: an allreduce between such buffers (above the window's one-step size, in
+ * and out of place) exact; a size of 0 on one rank fails every rank; psdMemFree takes NULL. */
+static void TestMemAlloc(psdComm_t comm, int size) {
+  const size_t n = 300001;
+  float* send = NULL;
+  float* recv = NULL;
+  CHECK_OK(psdMemAlloc(comm, n * sizeof(float), (void**)&send));
+  CHECK_OK(psdMemAlloc(comm, n * sizeof(float), (void**)&recv));
+  CHECK(send != NULL && recv != NULL && (uintptr_t)send % 64 == 0);
+  for (size_t i = 0; i < n; ++i) send[i] = (float)((g_rank + 1) * F(i));
+  CHECK_OK(psdAllReduce(comm, send, recv, n, psdFloat32, psdMemHost, NULL));
+  CHECK_OK(psdAllReduce(comm, send, send, n, psdFloat32, psdMemHost, NULL));
+  double tri = size * (size + 1) / 2.0;
+  int bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (recv[i] != (float)(tri * F(i)) || send[i] != recv[i]) ++bad;
+  }
+  CHECK(bad == 0);
+  void* none = NULL;
+  psdResult_t r = psdMemAlloc(comm, g_rank == size - 1 ? 0 : 4096, &none);
+  CHECK(r == psdInvalidArgument && none == NULL);
+  CHECK(strstr(psdGetLastError(comm), "psdMemAlloc") != NULL);
+  CHECK_OK(psdMemFree(comm, recv));
+  CHECK_OK(psdMemFree(comm, send));
+  CHECK_OK(psdMemFree(comm, NULL));
+  int local = 0;
+  CHECK(psdMemFree(comm, &local) == psdInvalidArgument);
+  CHECK(strstr(psdGetLastError(comm), "not memory that AllocShared returned") != NULL);
+}
+
 static void TestReduceScatterAllGatherBroadcast(psdComm_t comm, int size) {
   const size_t per = 5;
   size_t n = per * (size_t)size;
@@ -290,6 +320,7 @@ int main(int argc, char** argv) {
   int size = 0;
   CHECK_OK(psdCommSize(comm, &size));
   TestAllReduce(comm, size);
+  TestMemAlloc(comm, size);
   TestReduceScatterAllGatherBroadcast(comm, size);
   TestErrors(comm);
   TestExchange(size);
