@@ -154,7 +154,8 @@ class Backend {
   // every rank calls it, and FreeShared, in the same order (the sizes may differ). An allreduce
   // whose send and recv lie in such memory on every rank skips the copies through the window.
   // Where the backend has no shared path (across nodes, the window off), plain memory that
-  // FreeShared still takes. kUnimplemented by default.
+  // FreeShared still takes. The memory lives until FreeShared or the backend's destruction
+  // (collective), whichever comes first. kUnimplemented by default.
   virtual Result<void*> AllocShared(size_t bytes, const CallOptions& opts = {}) {
     (void)bytes, (void)opts;
     return Status(StatusCode::kUnimplemented, "AllocShared: not offered by this backend");

@@ -68,7 +68,11 @@ MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_size(comm_, &size_);
 }
 
-MpiBackend::~MpiBackend() = default;
+MpiBackend::~MpiBackend() {
+  // AllocShared's memory lives as long as the backend (the node-shared regions go with
+  // regions_, collectively).
+  for (void* p : private_shared_) std::free(p);
+}
 
 namespace {
 

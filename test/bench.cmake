@@ -15,6 +15,14 @@ if(TARGET osu_allreduce)
   # (--barrier node: bench/osu/node_barrier.h), at a world size of 3 too.
   psd_add_mpi_test(osu_broadcast NP 2 3 TIMEOUT 90 LABELS bench
                    ARGS ${_osu_args} -T int32 -r 1 --barrier node --per-rank ENV ${_osu_env})
+  # Both columns on node-shared buffers (Backend::AllocShared): above 32 KiB every rank's
+  # allreduce sums straight between them; the other programs run on them as on any memory.
+  add_executable(osu_allreduce_registered ALIAS osu_allreduce)
+  psd_add_mpi_test(osu_allreduce_registered NP 2 3 4 TIMEOUT 90 LABELS bench
+                   ARGS -m 4:4M -i 3 -x 1 -T bfloat16 --registered ENV ${_osu_env})
+  add_executable(osu_allgather_registered ALIAS osu_allgather)
+  psd_add_mpi_test(osu_allgather_registered NP 3 TIMEOUT 90 LABELS bench
+                   ARGS ${_osu_args} --registered ENV ${_osu_env})
 
   # The harness's node barrier itself: no rank leaves early; a missing rank named at the deadline.
   add_executable(node_barrier_test mpi/node_barrier_test.cc)
@@ -41,6 +49,9 @@ if(TARGET osu_allreduce)
   add_test(NAME osu_bad_size_range COMMAND osu_allreduce -m 5:2)
   set_tests_properties(osu_bad_size_range PROPERTIES TIMEOUT 30 LABELS bench
     ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "MIN 5 > MAX 2")
+  add_test(NAME osu_registered_elsewhere COMMAND osu_topk --registered)
+  set_tests_properties(osu_registered_elsewhere PROPERTIES TIMEOUT 30 LABELS bench
+    ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "keeps its own buffers")
   add_test(NAME osu_bad_barrier COMMAND osu_broadcast --barrier tree)
   set_tests_properties(osu_bad_barrier PROPERTIES TIMEOUT 30 LABELS bench
     ENVIRONMENT "${POSEIDON_MPI_TEST_ENV}" PASS_REGULAR_EXPRESSION "expected mpi or node")

@@ -98,7 +98,7 @@ void AddOptions(cli::Flags& flags, Options* o) {
                });
   flags.Bool("--registered", &o->registered,
              "host buffers from Backend::AllocShared (node-shared memory) instead of\n"
-             "aligned_alloc, for both columns");
+             "aligned_alloc, for both columns (allreduce, reduce_scatter, allgather, broadcast)");
   flags.Bool("--json", &o->json, "JSON instead of the table");
   flags.Bool("--no-peer", &o->no_peer, "skip Open MPI's own call");
   flags.Bool("--per-rank", &o->per_rank,
@@ -139,6 +139,11 @@ Result<Options> ParseOptions(int argc, char** argv, Collective& c, bool* help, s
   if (!st.ok()) return st;
   st = c.Configure(flags, &o);
   if (!st.ok()) return cli::OptionError(st);
+  PSD_REQUIRE_ARG(!o.registered || (c.TakesRegistered() && o.memory == MemoryKind::kHost),
+                  "option --registered: ", c.program(),
+                  o.memory == MemoryKind::kHost ? " keeps its own buffers" : " with -d cuda",
+                  "; expected osu_allreduce, osu_reduce_scatter, osu_allgather or osu_broadcast "
+                  "on host memory");
   const int needed = c.RequiredThreadLevel();
   PSD_REQUIRE_ARG(o.thread_level < 0 || o.thread_level >= needed, "option -t ",
                   ThreadLevelName(o.thread_level), ": ", c.program(), " needs at least ",

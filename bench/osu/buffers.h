@@ -44,6 +44,7 @@ class Buffer {
 class BufferCollective : public Collective {
  public:
   Status PoisonOutput() override { return recv_.Poison(); }
+  bool TakesRegistered() const override { return true; }
   Result<size_t> CountWrong() override;
   void Release() override;
 

@@ -50,6 +50,8 @@ class Collective {
   // The lowest MPI thread level the program needs (an MPI_THREAD_* value): the default of -t,
   // and -t below it is an error. Blocking calls from the main thread need only single.
   virtual int RequiredThreadLevel() const;
+  // Whether --registered applies: the program's host buffers can come from AllocShared.
+  virtual bool TakesRegistered() const { return false; }
   // Poisons the output before a timed run; counts wrong output elements after it.
   virtual Status PoisonOutput() = 0;
   virtual Result<size_t> CountWrong() = 0;
