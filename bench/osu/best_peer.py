@@ -391,7 +391,7 @@ def main():
         for key in ("benchmark", "ours", "peer", "host", "cpu", "ranks", "nodes", "mpi",
                     "backend", "memory", "settings", "build", "busbw_factor", "mpi_thread_level",
                     "mpi_thread_level_asked", "mpi_thread_level_needed", "liveness_thread",
-                    "options"):
+                    "buffers", "options"):
             if key in meta_doc:
                 meta[key] = meta_doc[key]
     levels = sorted({d.get("mpi_thread_level", "?") for ds in docs.values() for d in ds})
@@ -490,14 +490,15 @@ def main():
     md.append(
         "Run %s to %s UTC on %s (%s, %s cores); %s; ranks %s on %s node(s); MPI thread level: "
         "%s (asked %s, the program needs %s; both columns; liveness heartbeat thread %s); "
-        "Poseidon backend %s, %s memory, %s; %s." % (
+        "Poseidon backend %s, %s memory (%s buffers, both columns), %s; %s." % (
             started.strftime("%Y-%m-%d %H:%M"), finished.strftime("%H:%M"),
             meta.get("host", socket.gethostname()), meta.get("cpu", platform.processor()),
             os.cpu_count(), meta.get("mpi", "?"), P, nodes,
             "/".join(levels) if levels else "?", meta.get("mpi_thread_level_asked", "?"),
             meta.get("mpi_thread_level_needed", "?"),
             "on" if meta.get("liveness_thread") else "off", meta.get("backend", "?"),
-            meta.get("memory", "?"), meta.get("settings", "?"), meta.get("build", "?")))
+            meta.get("memory", "?"), meta.get("buffers", "private"), meta.get("settings", "?"),
+            meta.get("build", "?")))
     md.append("")
     md.append(
         "%d configurations of coll_tuned's %s (the default, then every algorithm from %s%s) x "
