@@ -187,11 +187,6 @@ class MpiBackend final : public CheckedBackend {
   std::shared_ptr<std::vector<unsigned char>> rd_peer_;
   int rank_ = 0;
   int size_ = 1;
-  // AllocShared's memory: node-shared regions (created at the first AllocShared that finds the
-  // window; declared before shm_, which points to it, so that it is destroyed after), and the
-  // private blocks handed out where there is no window.
-  std::unique_ptr<SharedRegions> regions_;
-  std::vector<void*> private_shared_;
   std::unique_ptr<ShmCollectives> shm_;
   bool shm_multi_node_ = false;  // learned collectively at the first large call
   // The settings' version at which Node last found shm_ matching them (see Checked).
@@ -201,6 +196,11 @@ class MpiBackend final : public CheckedBackend {
   long long hier_bytes_override_ = -1;  // SetHierAllReduceBytes; -1: the setting
   // The first abandoned call; shared with the requests this backend hands out.
   std::shared_ptr<StickyError> sticky_ = std::make_shared<StickyError>();
+  // AllocShared's memory: node-shared regions (created at the first AllocShared that finds the
+  // window; shm_ points to them but never reads them on its way out), and the private blocks
+  // handed out where there is no window. Last: the members of every call keep their places.
+  std::unique_ptr<SharedRegions> regions_;
+  std::vector<void*> private_shared_;
 };
 
 // MPI datatype for a Poseidon dtype (half types map to 2-byte opaque units).

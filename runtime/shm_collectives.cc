@@ -346,7 +346,7 @@ struct SlotStamp {
 
 // One call's descriptor as a rank publishes it (plain data: it lives in the shared window).
 struct ShmCollectives::Descriptor : Stamp {
-  char message[232];  // this rank's own argument error when record.bad, else its detail
+  char message[216];  // this rank's own argument error when record.bad, else its detail
   // Single copy: the address of this rank's source buffer in its own address space, then the
   // outcome of its reads (an errno, 0 when all succeeded, and the rank it failed to read).
   uint64_t source;
@@ -369,7 +369,7 @@ struct ShmCollectives::Descriptor : Stamp {
 namespace {
 // The control area: the counter line, then kDescPlaces descriptors; slots start 64-byte
 // aligned.
-constexpr size_t kDescBytes = 448;  // one descriptor's place (seven cache lines)
+constexpr size_t kDescBytes = 384;  // one descriptor's place
 // Call c's descriptor lives in place c % 4: three are needed (see the header), a fourth makes
 // the place a mask of the index instead of a division.
 constexpr uint64_t kDescPlaces = 4;

@@ -417,11 +417,6 @@ class ShmCollectives {
   size_t single_copy_bcast_bytes_ = 0;  // Broadcast; 0: off
   std::string single_copy_note_;
   std::vector<int> pids_;  // every node rank's process id (single copy only)
-  const SharedRegions* regions_ = nullptr;  // set_regions
-  uint64_t shared_calls_ = 0;
-  std::vector<const unsigned char*> shared_ins_;  // ReduceShared: every rank's input, mapped
-  std::vector<unsigned char*> shared_outs_;       // and output
-  std::vector<unsigned char> shared_block_;       // ReduceShared: one block of sums
   std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer; GatherDirect
   double timeout_s_ = 0;
   bool crowded_ = false;  // more ranks than cores (the same count on every rank)
@@ -446,6 +441,13 @@ class ShmCollectives {
   bool pending_verdict_ = false;  // its agreement is still to be checked (else only its arrival)
   Status deferred_;  // the settled call failed on the peers: the next Enter tells them
   Status failure_;  // the Sync that timed out or was interrupted: peers in an unknown state
+  // Last, so that the members every small call touches keep their places (moving them by 88
+  // bytes made a 4-byte allreduce at P = 2 about 0.02 us slower, 10 launches each).
+  const SharedRegions* regions_ = nullptr;  // set_regions
+  uint64_t shared_calls_ = 0;
+  std::vector<const unsigned char*> shared_ins_;  // ReduceShared: every rank's input, mapped
+  std::vector<unsigned char*> shared_outs_;       // and output
+  std::vector<unsigned char> shared_block_;       // ReduceShared: one block of sums
 };
 
 }  // namespace poseidon
