@@ -237,11 +237,14 @@ Status MpiBackend::FreeShared(void* p, const CallOptions& opts) {
     private_shared_.erase(it);
     return Status::Ok();
   }
-  if (!regions_ || !regions_->Owns(p)) {
+  if (!regions_) {
+    // No rank has node-shared memory (the regions are created on every rank alike).
     return InvalidArgument("FreeShared: ", p,
                            " is not memory that AllocShared returned on this rank and that is not "
                            "freed yet");
   }
+  // The regions' free (an agreement round, then MPI_Win_free) only blocks; a bad pointer on one
+  // rank fails it on every rank.
   PSD_CHECK(MeetBeforeBlocking(WaitFor("MpiBackend::FreeShared", opts)));
   return regions_->Free(p);
 }

@@ -92,29 +92,41 @@ Result<void*> SharedRegions::Allocate(size_t bytes) {
   return static_cast<void*>(regions_.back().start);
 }
 
-bool SharedRegions::Owns(const void* p) const {
-  for (const Region& r : regions_) {
-    if (r.win != MPI_WIN_NULL && r.start == p) return true;
+int SharedRegions::Find(const void* p) const {
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    if (regions_[i].win != MPI_WIN_NULL && regions_[i].start == p) return static_cast<int>(i);
   }
-  return false;
+  return -1;
 }
 
+bool SharedRegions::Owns(const void* p) const { return Find(p) >= 0; }
+
 Status SharedRegions::Free(void* p) {
-  for (Region& r : regions_) {
-    if (r.win == MPI_WIN_NULL || r.start != p) continue;
-    MPI_Win_unlock_all(r.win);
-    int rc = MPI_Win_free(&r.win);
-    r.win = MPI_WIN_NULL;
-    r.bases.clear();
-    r.sizes.clear();
-    r.start = nullptr;
-    r.asked = 0;
-    if (rc != MPI_SUCCESS) return MpiError("FreeShared: MPI_Win_free", rc);
-    return Status::Ok();
+  // Every rank says which region it frees before any rank frees one (MPI_Win_free waits for
+  // every rank of its window): a bad pointer, or another allocation, on one rank fails the call
+  // on every rank instead of leaving its peers in MPI_Win_free.
+  const int number = Find(p);
+  uint64_t words[2];
+  or_agreement::PutValue(words, static_cast<uint64_t>(static_cast<int64_t>(number)));
+  PSD_CHECK(or_agreement::OrAllReduce(comm_, words, 2, MpiWait{nullptr, "FreeShared", nullptr},
+                                      nullptr));
+  if (number < 0) {
+    return InvalidArgument("FreeShared: ", p,
+                           " is not memory that AllocShared returned on this rank (the start of "
+                           "an allocation) and that is not freed yet");
   }
-  return InvalidArgument("FreeShared: ", p,
-                         " is not the start of memory that AllocShared returned on this rank "
-                         "and that is not freed yet");
+  if (!or_agreement::AllSame(words)) {
+    return InvalidArgument("FreeShared: the ranks did not free the same allocation (this rank "
+                           "freed its number ", number,
+                           "); expected every rank to free alike, in the same order; nothing "
+                           "was freed");
+  }
+  Region& r = regions_[static_cast<size_t>(number)];
+  MPI_Win_unlock_all(r.win);
+  int rc = MPI_Win_free(&r.win);
+  r = Region{};
+  if (rc != MPI_SUCCESS) return MpiError("FreeShared: MPI_Win_free", rc);
+  return Status::Ok();
 }
 
 size_t SharedRegions::live() const {

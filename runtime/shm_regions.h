@@ -35,8 +35,9 @@ class SharedRegions {
   // rank calls it, in the same order relative to Free; the sizes may differ between ranks.
   Result<void*> Allocate(size_t bytes);
   // Frees the region that Allocate returned as p on this rank. Collective: every rank frees its
-  // region of the same allocation at the same point. kInvalidArgument, on this rank only, when
-  // p is not the start of a live region (every rank can check that alike when they free alike).
+  // region of the same allocation at the same point. kInvalidArgument on every rank, and nothing
+  // freed, when p is not the start of a live region on some rank or the ranks name different
+  // allocations (an agreement round comes first).
   Status Free(void* p);
   // Whether p is the start of a live region of this rank.
   bool Owns(const void* p) const;
@@ -51,6 +52,7 @@ class SharedRegions {
 
  private:
   SharedRegions() = default;
+  int Find(const void* p) const;  // the live region that starts at p on this rank, or -1
   struct Region {
     MPI_Win win = MPI_WIN_NULL;
     std::vector<unsigned char*> bases;  // every rank's part, mapped here

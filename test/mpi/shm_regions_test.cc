@@ -204,6 +204,23 @@ TEST(ShmRegions, SizesMayDifferByRankAndBadSizesFailEveryRank) {
   EXPECT_EQ(regions->Free(base).code(), StatusCode::kInvalidArgument);  // twice
 }
 
+// A bad free on one rank fails every rank's free, and frees nothing: no rank is left in
+// MPI_Win_free waiting for it.
+TEST(ShmRegions, BadFreeOnOneRankFailsEveryRank) {
+  auto r = SharedRegions::Create(World()->mpi_comm());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::unique_ptr<SharedRegions> regions = std::move(r).value();
+  const int me = World()->rank(), p = World()->size();
+  auto got = regions->Allocate(4096);
+  ASSERT_TRUE(OkOnEveryRank(got.status()));
+  auto* base = static_cast<unsigned char*>(*got);
+  Status st = regions->Free(me == p - 1 ? base + 64 : base);
+  EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+  EXPECT_EQ(regions->live(), 1u);
+  ASSERT_TRUE(OkOnEveryRank(regions->Free(base)));
+  EXPECT_EQ(regions->live(), 0u);
+}
+
 // Through the backend: AllocShared / FreeShared, and an allreduce between such buffers exact
 // at a size above every one-Sync form.
 class ShmSharedBackend : public ::testing::Test {
