@@ -152,7 +152,8 @@ class Backend {
   // can read and write on every rank directly (the host backend with every rank on one node:
   // node-shared memory, runtime/shm_regions.h), like ncclMemAlloc or MPI_Alloc_mem. Collective:
   // every rank calls it, and FreeShared, in the same order (the sizes may differ). An allreduce
-  // whose send and recv lie in such memory on every rank skips the copies through the window.
+  // whose send and recv lie in such memory on every rank skips the copies through the window,
+  // and so does a reduce-scatter or allgather whose input lies there on every rank.
   // Where the backend has no shared path (across nodes, the window off), plain memory that
   // FreeShared still takes. The memory lives until FreeShared or the backend's destruction
   // (collective), whichever comes first. kUnimplemented by default.

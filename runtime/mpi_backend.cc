@@ -238,7 +238,9 @@ Status MpiBackend::FreeShared(void* p, const CallOptions& opts) {
     return Status::Ok();
   }
   if (!regions_) {
-    // No rank has node-shared memory (the regions are created on every rank alike).
+    // No rank has node-shared memory (the regions are created on every rank alike): nothing to
+    // agree on with the peers.
+    if (p == nullptr) return Status::Ok();
     return InvalidArgument("FreeShared: ", p,
                            " is not memory that AllocShared returned on this rank and that is not "
                            "freed yet");

@@ -121,6 +121,17 @@
 // bits as the window (each element summed in rank order). In place is safe: a shard's input and
 // output are touched by its reducer alone, each block read whole before it is written. It takes
 // precedence over the single copy too (ReduceDirect checks the codes after its Enter).
+// ReduceScatter and AllGather(V) of more than one round: every rank publishes its input's code
+// alone (PublishSharedInput; kNoInput for an empty part), and skips the copy of round 0 into the
+// window; Enter; where every rank published one, a reduce-scatter sums this rank's shard
+// straight from every rank's input into its output (ReduceScatterShared: in rank order, the same
+// bits as the window; streaming stores from kScatterStreamBytes of output), an allgather copies
+// every peer's part straight out of its input (GatherShared), then FinishSingleCopy's Sync (no
+// input is read any more). Per byte of a reduce-scatter's buffer a rank reads 1 / P of every
+// input and writes its output, against the window's copy of (P - 1) / P of its input in first.
+// Mixed ranks copy round 0 in after Enter, and every rank Syncs once more, as for the allreduce.
+// An allgather that would read its peers with process_vm_readv reads node-shared inputs straight
+// instead (GatherDirect checks the codes after its Enter).
 //
 // Single-copy Broadcast (kSingleCopyAuto: where ranks outnumber cores and it ran faster at
 // creation, from kAutoBroadcastSingleCopyBytes up to kDirectBroadcastMaxBytes): the root puts its
@@ -274,6 +285,15 @@ constexpr size_t kCrowdedGatherStreamBytes = size_t{8} << 20;
 // within the runs' spread at P = 2 and 4. On its family 26 CPU 16 MiB at P = 4 was within the
 // spread (4100-6410 against 4280-4960 us, seventeenth pass).
 constexpr size_t kReduceStreamBytes = size_t{16} << 20;
+// A reduce-scatter summed straight from node-shared inputs writes its output with streaming
+// stores from this size (of the output).
+constexpr size_t kScatterStreamBytes = size_t{8} << 20;
+// Where ranks outnumber cores, an allgather of more than this many bytes (the gathered buffer)
+// takes the window even from node-shared inputs. On the development VM's family 25 AMD CPU
+// (osu_allgather --no-peer, launches alternated, bench/RESULTS.md twenty-fourth pass) reading
+// them straight ran 1.1-1.4x faster at 4-16 MiB at P = 4, even at 32 MiB, and 1.05x slower at
+// 64 MiB (15.5-15.9 against 14.6-14.8 ms); at P = 8 even at 4-32 MiB, 1.08x slower at 64 MiB.
+constexpr size_t kCrowdedGatherSharedMaxBytes = size_t{32} << 20;
 // An allreduce through the window moves chunks of at most this size (of each rank's slot), one
 // pipeline stage each. A rank's step reads a whole chunk (its shard from every rank, then every
 // reduced shard): at 512 KiB it stays in a core's L2 on the VM's family 25 AMD CPU (512 KiB),
@@ -289,6 +309,15 @@ constexpr size_t kReducePieceBytes = size_t{512} << 10;
 constexpr size_t kSharedBlockBytes = size_t{16} << 10;
 // A descriptor's copy_errno where ReduceShared could not map a peer's buffers.
 constexpr int32_t kUnknownRegion = -1;
+// A descriptor's shared_source where the rank gives no input (an AllGatherV count of 0): never a
+// code (SharedRegions's codes are at least 2^40).
+constexpr uint64_t kNoInput = 1;
+// Whether [a, a + an) and [b, b + bn) share no byte.
+inline bool Disjoint(const void* a, size_t an, const void* b, size_t bn) {
+  const auto* x = static_cast<const unsigned char*>(a);
+  const auto* y = static_cast<const unsigned char*>(b);
+  return x + an <= y || y + bn <= x;
+}
 
 // ceil(n / per), without the division in the common case of one part: a 64-bit division
 // costs tens of cycles, on the path of every small call before its data moves.
@@ -1346,19 +1375,32 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
   // Ranks with nothing to receive return once their pieces are in place (see below) in a call
   // of one round where ranks outnumber cores or at P = 2.
   const bool empty_leave_early = rounds == 1 && (crowded_ || size_ == 2);
+  // Round k's pieces of my input for my peers into my slot of its stage.
+  auto copy_in = [&](size_t k) {
+    unsigned char* slot = Slot(rank_, stage_ + k);
+    for (int q = 0; q < size_; ++q) {
+      size_t len = piece_len(q, k);
+      if (q == rank_ || len == 0) continue;
+      std::memcpy(slot + static_cast<size_t>(q) * piece * es,
+                  in + (off[static_cast<size_t>(q)] + k * piece) * es, len * es);
+      if (demote) Demote(slot + static_cast<size_t>(q) * piece * es, len * es);
+    }
+  };
+  // More than one round: every rank says where its input lies (see "Node-shared buffers" in
+  // shm_collectives.cc). In place (my output is my shard of my input), or an output apart from
+  // the input, the peers may read my input while I write my output.
+  const size_t my_count = counts[static_cast<size_t>(rank_)];
+  const bool mine_shared =
+      rounds > 1 &&
+      PublishSharedInput(send, total * es,
+                         out == in + off[static_cast<size_t>(rank_)] * es ||
+                             Disjoint(in, total * es, out, my_count * es));
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;
-    unsigned char* slot = Slot(rank_, stage);
     if (inline_data) {
       std::memcpy(InlineData(rank_, stage), in, total * es);
-    } else {
-      for (int q = 0; q < size_; ++q) {
-        size_t len = piece_len(q, k);
-        if (q == rank_ || len == 0) continue;
-        std::memcpy(slot + static_cast<size_t>(q) * piece * es,
-                    in + (off[static_cast<size_t>(q)] + k * piece) * es, len * es);
-        if (demote) Demote(slot + static_cast<size_t>(q) * piece * es, len * es);
-      }
+    } else if (k > 0 || !mine_shared) {
+      copy_in(k);
     }
     if (empty_leave_early && counts[static_cast<size_t>(rank_)] == 0 && deferred_.ok()) {
       // Nothing comes to me, and ranks outnumber cores or my only peer does all the summing:
@@ -1384,6 +1426,19 @@ Status ShmCollectives::ReduceScatter(const void* send, void* recv,
     }
     PSD_CHECK(k > 0 ? Sync(call, interrupt)
                     : rounds == 1 ? EnterStamped(a, interrupt) : Enter(a, interrupt));
+    if (k == 0 && rounds > 1) {
+      const int shared = SharedInputs(calls_ - 1);
+      if (shared == size_) {
+        return ReduceScatterShared(send, recv, off[static_cast<size_t>(rank_)], my_count, dtype,
+                                   call, interrupt);
+      }
+      if (shared > 0) {
+        // Some inputs are shared and some not: the window, its first round copied in by every
+        // rank before anyone sums it.
+        if (mine_shared) copy_in(0);
+        PSD_CHECK(Sync(call, interrupt));
+      }
+    }
     if (empty_leave_early && FirstSumming(counts) == rank_ &&
         std::find(counts.begin(), counts.end(), size_t{0}) != counts.end()) {
       // Every descriptor is alike (Enter): the ranks with nothing to receive, which returned
@@ -1458,14 +1513,23 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
       std::memmove(my_out, in, n);
     }
   }
-  if (single_copy_bytes_ > 0 && total * es >= single_copy_bytes_ &&
-      total * es < kDirectGatherMaxBytes) {
-    return GatherDirect(send, recv, layout, dtype, stream, interrupt, a);
-  }
   // Rounds of at most kGatherRoundBytes per rank, whatever the slot: a round's copies (mine
   // in, every peer's out) then stay within a core's L2 cache.
   const size_t per_round = std::min(slot_bytes_, kGatherRoundBytes) / es;
   const size_t rounds = Parts(largest, per_round);
+  const bool direct = single_copy_bytes_ > 0 && total * es >= single_copy_bytes_ &&
+                      total * es < kDirectGatherMaxBytes;
+  // More than one round: every rank says where its input lies (see "Node-shared buffers" in
+  // shm_collectives.cc); in place, or an output apart from the input, the peers may read it
+  // while this rank writes its output.
+  // Where ranks outnumber cores, gathers beyond kCrowdedGatherSharedMaxBytes take the window
+  // even so (below).
+  const bool mine_shared =
+      (direct || rounds > 1) &&
+      PublishSharedInput(send, count * es,
+                         (in == my_out || Disjoint(in, count * es, out, total * es)) &&
+                             !(crowded_ && total * es > kCrowdedGatherSharedMaxBytes));
+  if (direct) return GatherDirect(send, recv, layout, dtype, stream, interrupt, a);
   auto piece_len = [&](size_t c, size_t k) {
     size_t start = k * per_round;
     return start >= c ? 0 : std::min(per_round, c - start);
@@ -1480,11 +1544,21 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
     const size_t len = piece_len(count, k);
     if (len > 0) std::memcpy(place(rank_, stage_ + k), in + k * per_round * es, len * es);
   };
-  copy_in(0);
+  if (!mine_shared) copy_in(0);
   if (rounds == 1 && !inline_data && count * es <= kDemoteBytes) {
     Demote(Slot(rank_, stage_), count * es);
   }
   PSD_CHECK(rounds == 1 ? EnterStamped(a, interrupt) : Enter(a, interrupt));
+  if (rounds > 1) {
+    const int shared = SharedInputs(calls_ - 1);
+    if (shared == size_) return GatherShared(recv, layout, dtype, stream, a.call, interrupt);
+    if (shared > 0) {
+      // Some inputs are shared and some not: the window, its first round copied in by every
+      // rank before anyone reads it.
+      if (mine_shared) copy_in(0);
+      PSD_CHECK(Sync(a.call, interrupt));
+    }
+  }
   uint32_t next = 0;
   for (size_t k = 0; k < rounds; ++k) {
     const uint64_t stage = stage_ + k;
@@ -1516,6 +1590,9 @@ Status ShmCollectives::GatherDirect(const void* send, void* recv, const GatherLa
   Desc(rank_, calls_)->source = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(send));
   PSD_CHECK(Enter(a, interrupt));
   const uint64_t index = calls_ - 1;
+  if (SharedInputs(index) == size_) {
+    return GatherShared(recv, layout, dtype, stream, a.call, interrupt);
+  }
   if (stream && direct_blocks_.size() < kGatherBounceBytes) {
     direct_blocks_.resize(kGatherBounceBytes);
   }
@@ -1564,6 +1641,113 @@ int ShmCollectives::SharedRanks(uint64_t index) const {
     shared += d->shared_source != 0 && d->shared_target != 0 ? 1 : 0;
   }
   return shared;
+}
+
+bool ShmCollectives::PublishSharedInput(const void* send, size_t bytes, bool safe) {
+  uint64_t code = 0;
+  if (bytes == 0) {
+    code = kNoInput;
+  } else if (regions_ != nullptr && safe) {
+    code = regions_->Encode(send, bytes);
+  }
+  Descriptor* own = Desc(rank_, calls_);
+  own->shared_source = code;
+  own->shared_target = 0;
+  return code != 0;
+}
+
+int ShmCollectives::SharedInputs(uint64_t index) const {
+  int shared = 0;
+  for (int r = 0; r < size_; ++r) shared += Desc(r, index)->shared_source != 0 ? 1 : 0;
+  return shared;
+}
+
+int ShmCollectives::MapSharedInputs(const void* send) {
+  const uint64_t index = calls_ - 1;
+  std::vector<const unsigned char*>& ins = shared_ins_;
+  ins.resize(static_cast<size_t>(size_));
+  int unknown = -1;
+  for (int r = 0; r < size_; ++r) {
+    const uint64_t code = Desc(r, index)->shared_source;
+    const size_t i = static_cast<size_t>(r);
+    if (r == rank_) {
+      ins[i] = static_cast<const unsigned char*>(send);
+    } else if (code == kNoInput) {
+      ins[i] = nullptr;  // nothing to read there
+    } else {
+      ins[i] = regions_ != nullptr ? regions_->Address(code, r) : nullptr;
+      if (ins[i] == nullptr && unknown < 0) unknown = r;
+    }
+  }
+  return unknown;
+}
+
+Status ShmCollectives::ReduceScatterShared(const void* send, void* recv, size_t at, size_t mine,
+                                           DType dtype, const char* call,
+                                           const Interrupt* interrupt) {
+  // Regions are allocated and freed collectively, so every rank maps every live one: a code this
+  // rank cannot map means the ranks did not allocate or free alike (every rank returns that
+  // error, CopyOutcome).
+  const int unknown = MapSharedInputs(send);
+  if (unknown >= 0) return FinishSingleCopy(call, interrupt, kUnknownRegion, unknown);
+  ++shared_calls_;
+  if (mine > 0) {
+    // Every rank's part of my shard, summed in rank order (the window's order) straight into my
+    // output. In place (my output is my input's shard) is safe: no peer reads my shard of my
+    // input, and each element is read before it is written.
+    const size_t es = DTypeSize(dtype);
+    std::vector<const void*>& srcs = srcs_;
+    if (mine * es < kScatterStreamBytes) {
+      for (int r = 0; r < size_; ++r) {
+        srcs[static_cast<size_t>(r)] = shared_ins_[static_cast<size_t>(r)] + at * es;
+      }
+      ShmReduceSum(dtype, srcs.data(), size_, recv, mine);
+    } else {
+      // Summed block by block into a block of mine (it stays in this core's L1), written out
+      // with streaming stores.
+      if (shared_block_.size() < kSharedBlockBytes) shared_block_.resize(kSharedBlockBytes);
+      unsigned char* out = static_cast<unsigned char*>(recv);
+      const size_t per_block = kSharedBlockBytes / es;
+      for (size_t b = 0; b < mine; b += per_block) {
+        const size_t n = std::min(per_block, mine - b);
+        for (int r = 0; r < size_; ++r) {
+          srcs[static_cast<size_t>(r)] = shared_ins_[static_cast<size_t>(r)] + (at + b) * es;
+        }
+        ShmReduceSum(dtype, srcs.data(), size_, shared_block_.data(), n);
+        CopyOut(out + b * es, shared_block_.data(), n * es, true);
+      }
+      StreamFence();
+    }
+  }
+  // Nobody returns (and reuses its input) before every peer has read it.
+  return FinishSingleCopy(call, interrupt, 0, -1);
+}
+
+Status ShmCollectives::GatherShared(void* recv, const GatherLayout& layout, DType dtype,
+                                    bool stream, const char* call, const Interrupt* interrupt) {
+  // This rank's own part is in place already (GatherRounds).
+  const int unknown = MapSharedInputs(nullptr);
+  if (unknown >= 0) return FinishSingleCopy(call, interrupt, kUnknownRegion, unknown);
+  ++shared_calls_;
+  const size_t es = DTypeSize(dtype);
+  unsigned char* out = static_cast<unsigned char*>(recv);
+  // Every peer's part, a round of kGatherRoundBytes at a time: every rank goes through the
+  // inputs in the same order of rounds, so a peer's round that one rank fetched from memory is
+  // still in the shared cache for the other readers of it (part by part, each part was fetched
+  // once per reader: at P = 4, 32-64 MiB, about 1.1x slower than the window's copies).
+  size_t largest = 0;
+  for (int r = 0; r < size_; ++r) largest = std::max(largest, layout.count(r) * es);
+  for (size_t b = 0; b < largest; b += kGatherRoundBytes) {
+    for (int j = 1; j < size_; ++j) {
+      const int r = (rank_ + j) % size_;
+      const size_t n = layout.count(r) * es;
+      if (b >= n) continue;
+      CopyOut(out + layout.offset(r) * es + b, shared_ins_[static_cast<size_t>(r)] + b,
+              std::min(kGatherRoundBytes, n - b), stream);
+    }
+  }
+  if (stream) StreamFence();
+  return FinishSingleCopy(call, interrupt, 0, -1);
 }
 
 Status ShmCollectives::ReduceShared(const void* send, void* recv, size_t count, DType dtype,

@@ -69,8 +69,11 @@
 // Node-shared buffers (set_regions, Backend::AllocShared): an AllReduce above the one-Sync size
 // whose send and recv lie in node-shared memory on every rank needs neither the window's copies
 // nor the kernel's: each rank sums its shard straight from every rank's input into every rank's
-// output, between the agreement's Sync and one more. Every rank publishes where its buffers lie
-// in its descriptor, so ranks whose buffers are private take the window with the others, alike.
+// output, between the agreement's Sync and one more. A ReduceScatter or AllGather(V) of more
+// than one round whose input lies there on every rank (the outputs may lie anywhere) reads it
+// straight the same way: each rank sums its own shard from every rank's input, or copies every
+// peer's part out of the peer's input. Every rank publishes where its buffers lie in its
+// descriptor, so ranks whose buffers are private take the window with the others, alike.
 //
 // Broadcast: nobody waits for everybody in a broadcast of one piece (512 KiB or less: the usual
 // parameter and object broadcasts, every small one; with more than two ranks per core, up to P
@@ -198,7 +201,11 @@ class ShmCollectives {
   // straight into every rank's output (one read of each input byte, one write of each output
   // byte, two Syncs). Null (the default): never. Every rank sets it alike (MpiBackend does).
   void set_regions(const SharedRegions* regions) { regions_ = regions; }
-  // How many allreduces took that way (summed straight between node-shared buffers).
+  // ReduceScatter and AllGather(V) of more than one round (an allgather's part above 256 KiB, a
+  // reduce-scatter's shard above a round's share of the slot) read their peers' inputs straight where every rank's input lies in it (the outputs may lie
+  // anywhere): no copy into the window.
+  // How many calls took such a way (an allreduce summed straight between node-shared buffers,
+  // a reduce-scatter or an allgather read straight from them).
   uint64_t shared_calls() const { return shared_calls_; }
   // Only the agreement: one Sync that carries args (for calls whose data moves another way,
   // and for Barrier). OK on every rank or the same error on every rank.
@@ -390,6 +397,26 @@ class ShmCollectives {
   bool PublishShared(const void* send, const void* recv, size_t bytes);
   // How many ranks published both codes for call `index`.
   int SharedRanks(uint64_t index) const;
+  // ReduceScatter and AllGather(V) of more than one round, whose peers read this rank's input
+  // alone: writes the code of send's `bytes` in node-shared memory into this rank's descriptor
+  // of the next call (kNoInput where bytes is 0, 0 where the input lies elsewhere or where
+  // `safe` is false: its output overlaps it otherwise than in place), and no output code.
+  // Whether the code is there.
+  bool PublishSharedInput(const void* send, size_t bytes, bool safe);
+  // How many ranks published an input code for call `index`.
+  int SharedInputs(uint64_t index) const;
+  // Every rank's input of call calls_ - 1 mapped here (shared_ins_), this rank's own as send;
+  // the first rank whose code this rank cannot map, or -1.
+  int MapSharedInputs(const void* send);
+  // ReduceScatter where every rank's input lies in node-shared memory: this rank sums its shard
+  // (`mine` elements from element `at`) straight from every rank's input into its output, then
+  // Syncs (no input is read any more); the same bits as the window.
+  Status ReduceScatterShared(const void* send, void* recv, size_t at, size_t mine, DType dtype,
+                             const char* call, const Interrupt* interrupt);
+  // AllGather(V) where every rank's input lies in node-shared memory: this rank copies every
+  // peer's part straight out of the peer's input, then Syncs.
+  Status GatherShared(void* recv, const GatherLayout& layout, DType dtype, bool stream,
+                      const char* call, const Interrupt* interrupt);
   // AllReduce where every rank's send and recv lie in node-shared memory (set_regions; the
   // descriptors of call calls_ - 1 carry their codes): each rank sums its shard straight from
   // every rank's input into every rank's output, then Syncs; the same bits as the window.

@@ -105,11 +105,17 @@ Status SharedRegions::Free(void* p) {
   // Every rank says which region it frees before any rank frees one (MPI_Win_free waits for
   // every rank of its window): a bad pointer, or another allocation, on one rank fails the call
   // on every rank instead of leaving its peers in MPI_Win_free.
-  const int number = Find(p);
+  // -2: NULL (frees nothing; OK where every rank passes it), -1: not an allocation's start.
+  const int number = p == nullptr ? -2 : Find(p);
   uint64_t words[2];
   or_agreement::PutValue(words, static_cast<uint64_t>(static_cast<int64_t>(number)));
   PSD_CHECK(or_agreement::OrAllReduce(comm_, words, 2, MpiWait{nullptr, "FreeShared", nullptr},
                                       nullptr));
+  if (number == -2 && or_agreement::AllSame(words)) return Status::Ok();
+  if (number == -2) {
+    return InvalidArgument("FreeShared: this rank passed NULL while another rank freed an "
+                           "allocation; expected every rank to free alike; nothing was freed");
+  }
   if (number < 0) {
     return InvalidArgument("FreeShared: ", p,
                            " is not memory that AllocShared returned on this rank (the start of "

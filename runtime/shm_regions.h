@@ -37,7 +37,8 @@ class SharedRegions {
   // Frees the region that Allocate returned as p on this rank. Collective: every rank frees its
   // region of the same allocation at the same point. kInvalidArgument on every rank, and nothing
   // freed, when p is not the start of a live region on some rank or the ranks name different
-  // allocations (an agreement round comes first).
+  // allocations (an agreement round comes first). NULL frees nothing: OK where every rank passes
+  // it, kInvalidArgument on every rank where some ranks free an allocation meanwhile.
   Status Free(void* p);
   // Whether p is the start of a live region of this rank.
   bool Owns(const void* p) const;

@@ -246,13 +246,19 @@ PSD_API psdResult_t psdBarrier(psdComm_t comm);
  * *ptr gets `bytes` (> 0) of host memory, 64-byte aligned, that every rank on this node maps:
  * a psdAllReduce whose send and recv lie in such memory on every rank (above 32 KiB; 256 KiB at
  * 2 ranks) sums straight from every rank's input into every rank's output, with no copy
- * through the shared-memory window (the host counterpart of ncclMemAlloc). Collective: every
- * rank calls psdMemAlloc, and psdMemFree, in the same order; the sizes may differ. A size of 0
+ * through the shared-memory window (the host counterpart of ncclMemAlloc). A psdAllGather of
+ * more than 256 KiB per rank, or a psdReduceScatter whose shard exceeds 1 MiB / P (512 KiB / P
+ * where ranks outnumber cores), whose send lies in such memory on every rank (its recv may lie
+ * anywhere) reads the peers' inputs straight too (an allgather up to 32 MiB in all where ranks
+ * outnumber cores). Collective: every rank calls psdMemAlloc,
+ * and psdMemFree, in the same order; the sizes may differ. A size of 0
  * (or a NULL ptr) on one rank fails the call on every rank. Where the ranks span several nodes
  * or the window is off (POSEIDON_SHM_THRESHOLD_BYTES=0), plain memory, which psdMemFree still
  * takes. */
 PSD_API psdResult_t psdMemAlloc(psdComm_t comm, size_t bytes, void** ptr);
-/* Frees what psdMemAlloc returned on this rank; collective like it. */
+/* Frees what psdMemAlloc returned on this rank; collective like it. NULL frees nothing: where
+ * every rank passes NULL it returns psdSuccess; where some ranks pass NULL and others memory,
+ * or the ranks free different allocations, every rank fails and nothing is freed. */
 PSD_API psdResult_t psdMemFree(psdComm_t comm, void* ptr);
 
 /* ---- layers and the plan ---------------------------------------------------------------- */

@@ -89,7 +89,9 @@ static void TestAllReduce(psdComm_t comm, int size) {
 }
 
 /* Node-shared memory: an allreduce between such buffers (above the window's one-step size, in
- * and out of place) exact; a size of 0 on one rank fails every rank; psdMemFree takes NULL. */
+ * and out of place), a reduce-scatter and an allgather from such inputs, exact; a size of 0 on
+ * one rank fails every rank; psdMemFree takes NULL on every rank, and fails every rank where
+ * only some pass it. */
 static void TestMemAlloc(psdComm_t comm, int size) {
   const size_t n = 300001;
   float* send = NULL;
@@ -110,6 +112,30 @@ static void TestMemAlloc(psdComm_t comm, int size) {
   psdResult_t r = psdMemAlloc(comm, g_rank == size - 1 ? 0 : 4096, &none);
   CHECK(r == psdInvalidArgument && none == NULL);
   CHECK(strstr(psdGetLastError(comm), "psdMemAlloc") != NULL);
+  /* A reduce-scatter and an allgather read straight from node-shared inputs, private outputs. */
+  const size_t per = 200003;
+  float* whole = NULL;
+  CHECK_OK(psdMemAlloc(comm, per * (size_t)size * sizeof(float), (void**)&whole));
+  float* part = malloc(per * (size_t)size * sizeof(float));
+  for (size_t i = 0; i < per * (size_t)size; ++i) whole[i] = (float)((g_rank + 1) * F(i));
+  CHECK_OK(psdReduceScatter(comm, whole, part, per, psdFloat32, psdMemHost, NULL));
+  for (size_t i = 0; i < per; ++i) {
+    if (part[i] != (float)(tri * F((size_t)g_rank * per + i))) ++bad;
+  }
+  for (size_t i = 0; i < per; ++i) whole[i] = (float)((g_rank + 1) * F(i));
+  CHECK_OK(psdAllGather(comm, whole, part, per, psdFloat32, psdMemHost, NULL));
+  for (size_t i = 0; i < per * (size_t)size; ++i) {
+    if (part[i] != (float)((i / per + 1) * F(i % per))) ++bad;
+  }
+  CHECK(bad == 0);
+  free(part);
+  CHECK_OK(psdMemFree(comm, whole));
+  /* NULL on one rank while the others free an allocation: every rank fails, nothing is freed. */
+  if (size > 1) {
+    CHECK(psdMemFree(comm, g_rank == size - 1 ? NULL : recv) == psdInvalidArgument);
+    CHECK(strstr(psdGetLastError(comm), "psdMemFree") != NULL);
+    recv[0] = 1.0f; /* still mapped */
+  }
   CHECK_OK(psdMemFree(comm, recv));
   CHECK_OK(psdMemFree(comm, send));
   CHECK_OK(psdMemFree(comm, NULL));

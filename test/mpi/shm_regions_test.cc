@@ -70,6 +70,13 @@ std::vector<size_t> SharedCounts(DType dt) {
   return n;
 }
 
+// Values that round differently by rank (the same bits as the window is then a real check),
+// integers for the integer types.
+double Ragged(DType dt, int rank, size_t i) {
+  const bool integral = dt == DType::kInt32 || dt == DType::kInt64;
+  return (rank % 3 + 1) * 0.37 * F(i) + (integral ? 0 : 1.0 / (rank + 3));
+}
+
 TEST_P(ShmShared, AllReduceBetweenSharedBuffersIsExactOutOfPlaceAndInPlace) {
   const DType dt = GetParam();
   const size_t es = DTypeSize(dt);
@@ -107,11 +114,7 @@ TEST_P(ShmShared, SameBitsAsTheWindow) {
   const size_t es = DTypeSize(dt);
   const size_t n = 100003;
   Buf host(dt, n), window(dt, n);
-  for (size_t i = 0; i < n; ++i) {
-    host.Set(i, (rank() % 3 + 1) * 0.37 * F(i) + (dt == DType::kInt32 || dt == DType::kInt64
-                                                     ? 0
-                                                     : 1.0 / (rank() + 3)));
-  }
+  for (size_t i = 0; i < n; ++i) host.Set(i, Ragged(dt, rank(), i));
   ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(host.data(), window.data(), n, dt)));
   unsigned char* send = Alloc(n * es);
   unsigned char* recv = Alloc(n * es);
@@ -147,6 +150,158 @@ TEST_P(ShmShared, PrivateBuffersOnOneRankTakeTheWindow) {
     ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
     ASSERT_TRUE(OkOnEveryRank(regions_->Free(recv)));
   }
+}
+
+// Reduce-scatter of more than one round from node-shared inputs (uneven shards, one of them
+// empty where P > 2; outputs private or in place): exact, the same bits as the window, every
+// call counted; a private input on one rank only: every rank takes the window.
+TEST_P(ShmShared, ReduceScatterFromSharedInputs) {
+  const DType dt = GetParam();
+  const size_t es = DTypeSize(dt);
+  const int p = size();
+  std::vector<size_t> counts(static_cast<size_t>(p));
+  size_t total = 0;
+  for (int q = 0; q < p; ++q) {
+    counts[static_cast<size_t>(q)] =
+        p > 2 && q == 1 ? 0 : (size_t{700} << 10) / es + static_cast<size_t>(q) * 3 + 1;
+    total += counts[static_cast<size_t>(q)];
+  }
+  size_t at = 0;
+  for (int q = 0; q < rank(); ++q) at += counts[static_cast<size_t>(q)];
+  const size_t mine = counts[static_cast<size_t>(rank())];
+  Buf host(dt, total), window(dt, mine + 1), got(dt, mine + 1);
+  for (size_t i = 0; i < total; ++i) host.Set(i, Ragged(dt, rank(), i));
+  ASSERT_TRUE(OkOnEveryRank(shm_->ReduceScatter(host.data(), window.data(), counts, dt)));
+  unsigned char* send = Alloc(total * es);
+  std::memcpy(send, host.data(), total * es);
+  for (int in_place = 0; in_place < 2; ++in_place) {
+    if (in_place == 1) std::memcpy(send, host.data(), total * es);
+    void* out = in_place == 1 ? static_cast<void*>(send + at * es) : got.data();
+    const uint64_t before = shm_->shared_calls();
+    ASSERT_TRUE(OkOnEveryRank(shm_->ReduceScatter(send, out, counts, dt)));
+    // More than one round (a round is at most 1 MiB, 512 KiB where ranks outnumber cores):
+    // every call but one rank's own.
+    EXPECT_EQ(shm_->shared_calls() - before, p > 1 ? 1u : 0u) << "in_place=" << in_place;
+    EXPECT_TRUE(OnEveryRank(std::memcmp(out, window.data(), mine * es) == 0))
+        << "in_place=" << in_place;
+  }
+  // Exact values: every rank's part summed (integers, so any order gives them).
+  Buf ints(dt, total);
+  for (size_t i = 0; i < total; ++i) ints.Set(i, (rank() + 1) * F(i));
+  std::memcpy(send, ints.data(), total * es);
+  ASSERT_TRUE(OkOnEveryRank(shm_->ReduceScatter(send, got.data(), counts, dt)));
+  EXPECT_TRUE(AllEqual(mine, [&](size_t i) { return got.Get(i); },
+                       [&](size_t i) { return Exact(dt, Tri() * F(at + i)); }));
+  // One rank's input private: the window, the same bits.
+  const uint64_t before = shm_->shared_calls();
+  std::memcpy(send, host.data(), total * es);
+  const void* in = rank() == p - 1 ? static_cast<const void*>(host.data()) : send;
+  ASSERT_TRUE(OkOnEveryRank(shm_->ReduceScatter(in, got.data(), counts, dt)));
+  EXPECT_TRUE(OnEveryRank(std::memcmp(got.data(), window.data(), mine * es) == 0));
+  EXPECT_EQ(shm_->shared_calls(), before);
+  ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
+}
+
+// Allgather and allgatherv of more than one round from node-shared inputs (outputs private, or
+// the input in place in a shared output; one empty part where P > 2; float32 also past 16 MiB,
+// where the copies stream): every part exact, every call counted; a private input on one rank
+// only takes the window.
+TEST_P(ShmShared, AllGatherFromSharedInputs) {
+  const DType dt = GetParam();
+  const size_t es = DTypeSize(dt);
+  const int p = size();
+  std::vector<size_t> sizes = {(size_t{300} << 10) / es + 3};
+  if (dt == DType::kFloat32) sizes.push_back((size_t{16} << 20) / 4 / static_cast<size_t>(p) + 1);
+  for (size_t n : sizes) {
+    const size_t total = n * static_cast<size_t>(p);
+    Buf host(dt, n), got(dt, total);
+    for (size_t i = 0; i < n; ++i) host.Set(i, (rank() + 1) * F(i));
+    auto check = [&](const void* out, const char* what) {
+      Buf g(dt, total);
+      std::memcpy(g.data(), out, total * es);
+      EXPECT_TRUE(AllEqual(total, [&](size_t i) { return g.Get(i); },
+                           [&](size_t i) { return Exact(dt, (i / n + 1) * F(i % n)); }))
+          << what << ", n=" << n;
+    };
+    unsigned char* send = Alloc(n * es);
+    unsigned char* whole = Alloc(total * es);
+    std::memcpy(send, host.data(), n * es);
+    uint64_t before = shm_->shared_calls();
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllGather(send, got.data(), n, dt)));
+    check(got.data(), "private output");
+    std::memset(whole, 0xA5, total * es);
+    unsigned char* mine = whole + static_cast<size_t>(rank()) * n * es;
+    std::memcpy(mine, host.data(), n * es);
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllGather(mine, whole, n, dt)));
+    check(whole, "in place");
+    EXPECT_EQ(shm_->shared_calls() - before, 2u) << "n=" << n;
+    // One rank's input private: the window.
+    before = shm_->shared_calls();
+    const void* in = rank() == p - 1 ? static_cast<const void*>(host.data()) : send;
+    ASSERT_TRUE(OkOnEveryRank(shm_->AllGather(in, got.data(), n, dt)));
+    check(got.data(), "one private input");
+    EXPECT_EQ(shm_->shared_calls(), before);
+    ASSERT_TRUE(OkOnEveryRank(regions_->Free(whole)));
+    ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
+  }
+  // Allgatherv: uneven parts, one of them empty where P > 2.
+  std::vector<size_t> counts(static_cast<size_t>(p)), offsets(static_cast<size_t>(p));
+  size_t total = 0;
+  for (int q = 0; q < p; ++q) {
+    offsets[static_cast<size_t>(q)] = total;
+    counts[static_cast<size_t>(q)] =
+        p > 2 && q == 1 ? 0 : (size_t{300} << 10) / es + static_cast<size_t>(q) * 5;
+    total += counts[static_cast<size_t>(q)];
+  }
+  const size_t n = counts[static_cast<size_t>(rank())];
+  Buf got(dt, total);
+  unsigned char* send = Alloc(n * es);
+  for (size_t i = 0; i < n; ++i) {
+    Buf one(dt, 1);
+    one.Set(0, (rank() + 1) * F(i));
+    std::memcpy(send + i * es, one.data(), es);
+  }
+  const uint64_t before = shm_->shared_calls();
+  ASSERT_TRUE(OkOnEveryRank(shm_->AllGatherV(n > 0 ? send : nullptr, got.data(), counts, dt)));
+  EXPECT_EQ(shm_->shared_calls() - before, 1u);
+  bool ok = true;
+  for (int q = 0; q < p; ++q) {
+    for (size_t i = 0; i < counts[static_cast<size_t>(q)]; ++i) {
+      ok = ok && got.Get(offsets[static_cast<size_t>(q)] + i) == Exact(dt, (q + 1) * F(i));
+    }
+  }
+  EXPECT_TRUE(OnEveryRank(ok));
+  ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
+}
+
+// Where the gather would read its peers with process_vm_readv, node-shared inputs are read
+// straight instead; a private input on one rank leaves the kernel's reads to every rank.
+TEST_P(ShmShared, AllGatherFromSharedInputsBeforeTheKernelsReads) {
+  const DType dt = GetParam();
+  const size_t es = DTypeSize(dt);
+  auto c = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 1);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::unique_ptr<ShmCollectives> direct = std::move(c).value();
+  direct->set_regions(regions_.get());
+  const int p = size();
+  const size_t n = (size_t{64} << 10) / es + 1;
+  const size_t total = n * static_cast<size_t>(p);
+  Buf host(dt, n), got(dt, total);
+  for (size_t i = 0; i < n; ++i) host.Set(i, (rank() + 1) * F(i));
+  unsigned char* send = Alloc(n * es);
+  std::memcpy(send, host.data(), n * es);
+  for (int odd = 0; odd < 2; ++odd) {
+    const void* in = odd == 1 && rank() == p - 1 ? static_cast<const void*>(host.data()) : send;
+    const uint64_t before = direct->shared_calls();
+    ASSERT_TRUE(OkOnEveryRank(direct->AllGather(in, got.data(), n, dt)));
+    EXPECT_TRUE(AllEqual(total, [&](size_t i) { return got.Get(i); },
+                         [&](size_t i) { return Exact(dt, (i / n + 1) * F(i % n)); }))
+        << "odd=" << odd;
+    // Read straight only where the kernel's reads are on (the probe may turn them off).
+    const bool on = direct->single_copy_bytes() > 0;
+    EXPECT_EQ(direct->shared_calls() - before, on && odd == 0 ? 1u : 0u) << "odd=" << odd;
+  }
+  ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, ShmShared, ::testing::ValuesIn(kAllTypes),
@@ -217,6 +372,14 @@ TEST(ShmRegions, BadFreeOnOneRankFailsEveryRank) {
   Status st = regions->Free(me == p - 1 ? base + 64 : base);
   EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
   EXPECT_EQ(regions->live(), 1u);
+  // NULL on every rank frees nothing; on one rank only it fails every rank.
+  EXPECT_TRUE(OkOnEveryRank(regions->Free(nullptr)));
+  if (p > 1) {
+    st = regions->Free(me == 0 ? nullptr : base);
+    EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
+    if (me == 0) EXPECT_NE(st.message().find("NULL"), std::string::npos) << st.ToString();
+    EXPECT_EQ(regions->live(), 1u);
+  }
   ASSERT_TRUE(OkOnEveryRank(regions->Free(base)));
   EXPECT_EQ(regions->live(), 0u);
 }
