@@ -1894,6 +1894,18 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   unsigned char* data = static_cast<unsigned char*>(buf);
   const bool stream = bytes >= kBroadcastStreamBytes;
   const uint64_t index = calls_;
+  // More than one piece from a root whose buffer lies in node-shared memory: every receiver
+  // copies it straight out of the root's buffer (see "Node-shared buffers" above). The root
+  // says so in its descriptor; every rank clears its outcome and mark first.
+  bool root_shared = false;
+  if (pieces > 1 && !across && regions_ != nullptr) {
+    Descriptor* own = Desc(rank_, index);
+    own->shared_source = rank_ == root ? regions_->Encode(buf, bytes) : 0;
+    own->copy_errno = 0;
+    own->copy_from = -1;
+    __atomic_store_n(&own->copied, 0u, __ATOMIC_RELAXED);
+    root_shared = own->shared_source != 0;
+  }
   uint32_t first = 0, arrival = 0;
   for (size_t k = 0; k < pieces; ++k) {
     const size_t start = k * piece, len = std::min(piece, bytes - start);
@@ -1912,7 +1924,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
       if (k >= 2) PSD_CHECK(Await(call, interrupt, first + static_cast<uint32_t>(k - 2), -1));
       if (across) {
         MoveAcross(data, bytes, root, true);
-      } else {
+      } else if (!root_shared) {
         std::memcpy(slot, data + start, len);
       }
       if (k == 0) {
@@ -1920,6 +1932,19 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
         StampHead(index);
       }
       arrival = Arrive();
+      if (root_shared) {
+        // Every descriptor first (a receiver that disagrees fails the call here and on
+        // itself), then the copies of every receiver that matched this rank's descriptor,
+        // which copy whatever the verdict: the buffer is theirs until they are done.
+        ++calls_;
+        PSD_CHECK(Await(call, interrupt, arrival, -1));
+        Status verdict = Verdict(a, index);
+        PSD_CHECK(AwaitCopied(call, interrupt, index, root));
+        if (!verdict.ok()) return FailedStages(verdict);
+        ++shared_calls_;
+        ++stage_;
+        return CopyOutcome(call, index);
+      }
       if (pieces == 1 && len <= kDemoteBytes) {
         Demote(head, sizeof(SlotStamp));
         if (!inline_data) Demote(slot, len);
@@ -1943,6 +1968,14 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
         if (pieces == 1) {
           __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
           if (len <= kDemoteBytes) Demote(Confirmed(rank_), 8);
+        }
+        if (pieces > 1 && !across && regions_ != nullptr) {
+          // Published before the stamp, which this rank has seen.
+          const uint64_t code = Desc(root, index)->shared_source;
+          if (code != 0) {
+            ++calls_;
+            return ReceiveShared(data, bytes, root, code, arrival, stream, call);
+          }
         }
       } else if (!Arrived(root, arrival)) {
         PSD_CHECK(Await(call, interrupt, arrival, root));
@@ -1991,11 +2024,36 @@ namespace {
 uint32_t Copied(uint64_t index) { return static_cast<uint32_t>(index) + 1; }
 }  // namespace
 
+Status ShmCollectives::ReceiveShared(unsigned char* data, size_t bytes, int root, uint64_t code,
+                                     uint32_t arrival, bool stream, const char* call) {
+  const uint64_t index = calls_ - 1;
+  const unsigned char* src = regions_->Address(code, root);
+  Descriptor* own = Desc(rank_, index);
+  if (src != nullptr) {
+    CopyOut(data, src, bytes, stream);
+    if (stream) StreamFence();
+    ++shared_calls_;
+  }
+  own->copy_errno = src != nullptr ? 0 : kUnknownRegion;
+  own->copy_from = src != nullptr ? -1 : root;
+  __atomic_store_n(&own->copied, Copied(index), __ATOMIC_RELEASE);
+  FutexWakeAll(&own->copied);
+  ++stage_;
+  // The other receivers' descriptors are checked at the next call (the root checks them in
+  // this one), as after a single-copy broadcast.
+  Defer(arrival, index, true, -1);
+  if (src != nullptr) return Status::Ok();
+  return InvalidArgument(call, ": node rank ", rank_, " cannot map node rank ", root,
+                         "'s buffer in node-shared memory (AllocShared / FreeShared must be "
+                         "called on every rank alike, in the same order)");
+}
+
 Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
                                        const Interrupt* interrupt, const CollectiveArgs& a) {
   const uint64_t index = calls_;
   Descriptor* own = Desc(rank_, index);
   own->source = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(buf));
+  own->shared_source = rank_ == root && regions_ != nullptr ? regions_->Encode(buf, bytes) : 0;
   own->copy_errno = 0;
   own->copy_from = -1;
   __atomic_store_n(&own->copied, 0u, __ATOMIC_RELAXED);
@@ -2010,6 +2068,7 @@ Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
     Status verdict = Verdict(a, index);
     PSD_CHECK(AwaitCopied(a.call, interrupt, index, root));
     if (!verdict.ok()) return FailedStages(verdict);
+    if (own->shared_source != 0) ++shared_calls_;
     ++stage_;
     return CopyOutcome(a.call, index);
   }
@@ -2028,6 +2087,11 @@ Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
                               "); expected the same calls in the same order on every rank");
     }
     return FailedStages(verdict);
+  }
+  if (from->shared_source != 0) {
+    // The root's buffer is node-shared: copied straight, without the kernel.
+    return ReceiveShared(static_cast<unsigned char*>(buf), bytes, root, from->shared_source,
+                         arrival, bytes >= kBroadcastStreamBytes, a.call);
   }
   const int err = ReadPeer(pids_[static_cast<size_t>(root)], buf, from->source, bytes);
   own->copy_errno = err;

@@ -387,6 +387,11 @@ class ShmCollectives {
   // across the slots" in shm_collectives.cc): copies `bytes` of data into the slots (in) or
   // out of them.
   void MoveAcross(unsigned char* data, size_t bytes, int root, bool in) const;
+  // A receiver's end of a broadcast whose root's buffer is node-shared (its code): copies it
+  // straight, marks its descriptor of call calls_ - 1 copied (the root waits for that mark),
+  // moves one stage and leaves the other receivers' descriptors to its next call (Defer).
+  Status ReceiveShared(unsigned char* data, size_t bytes, int root, uint64_t code,
+                       uint32_t arrival, bool stream, const char* call);
   // The root's wait in BroadcastDirect: until every receiver whose descriptor of call `index`
   // is the root's has marked it copied.
   Status AwaitCopied(const char* call, const Interrupt* interrupt, uint64_t index, int root);

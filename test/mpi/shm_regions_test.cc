@@ -304,6 +304,124 @@ TEST_P(ShmShared, AllGatherFromSharedInputsBeforeTheKernelsReads) {
   ASSERT_TRUE(OkOnEveryRank(regions_->Free(send)));
 }
 
+// Broadcast of more than one piece from a node-shared root buffer: every receiver copies it
+// straight (receivers' buffers private or shared), from every root, twice in a row from the same
+// root and then another call; a private root buffer takes the window. Each call counted on
+// every rank that took the straight way.
+TEST_P(ShmShared, BroadcastFromASharedRootBuffer) {
+  const DType dt = GetParam();
+  const size_t es = DTypeSize(dt);
+  const int p = size();
+  std::vector<size_t> sizes = {(size_t{600} << 10) / es + 1, (size_t{5} << 20) / es + 3};
+  if (dt == DType::kFloat32) sizes.push_back((size_t{16} << 20) / 4 + 1);
+  for (size_t n : sizes) {
+    // Where ranks outnumber cores, a broadcast of up to P slots goes across them instead.
+    const bool straight = n * es > (size_t{512} << 10) && n * es > shm_->across_bytes();
+    unsigned char* shared = Alloc(n * es);
+    Buf priv(dt, n), want(dt, n), got(dt, n);
+    for (int root = 0; root < p; ++root) {
+      if (n * es > (size_t{8} << 20) && root != 0 && root != p - 1) continue;
+      for (size_t i = 0; i < n; ++i) want.Set(i, (root + 1) * F(i));
+      for (int rep = 0; rep < 2; ++rep) {
+        // The root's buffer shared; a receiver's shared on even ranks, private on odd ones.
+        const bool mine_shared = rank() == root || rank() % 2 == 0;
+        unsigned char* buf = mine_shared ? shared : static_cast<unsigned char*>(priv.data());
+        if (rank() == root) {
+          std::memcpy(buf, want.data(), n * es);
+        } else {
+          std::memset(buf, 0xA5, n * es);
+        }
+        const uint64_t before = shm_->shared_calls();
+        ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(buf, n, dt, root)));
+        std::memcpy(got.data(), buf, n * es);
+        EXPECT_TRUE(OnEveryRank(std::memcmp(got.data(), want.data(), n * es) == 0))
+            << "n=" << n << " root=" << root << " rep=" << rep;
+        EXPECT_EQ(shm_->shared_calls() - before, straight ? 1u : 0u)
+            << "n=" << n << " root=" << root;
+      }
+      // Then another call, which settles the broadcast's agreement.
+      ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(priv.data(), got.data(), 1, dt)));
+    }
+    // A private root buffer: the window.
+    for (size_t i = 0; i < n; ++i) want.Set(i, 3 * F(i));
+    if (rank() == 0) std::memcpy(priv.data(), want.data(), n * es);
+    const uint64_t before = shm_->shared_calls();
+    ASSERT_TRUE(OkOnEveryRank(shm_->Broadcast(rank() == 0 ? priv.data() : shared, n, dt, 0)));
+    EXPECT_TRUE(OnEveryRank(
+        std::memcmp(rank() == 0 ? priv.data() : shared, want.data(), n * es) == 0));
+    EXPECT_EQ(shm_->shared_calls(), before);
+    ASSERT_TRUE(OkOnEveryRank(regions_->Free(shared)));
+  }
+}
+
+// A receiver whose count differs from the root's: every rank fails the broadcast or (a receiver
+// that matched the root and returned) its next call, naming the difference; then the window
+// works again. Nobody waits for the failing rank's copy.
+TEST(ShmSharedBroadcast, MismatchOnOneReceiverFailsEveryRank) {
+  auto s = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 0);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::unique_ptr<ShmCollectives> shm = std::move(s).value();
+  auto r = SharedRegions::Create(World()->mpi_comm());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::unique_ptr<SharedRegions> regions = std::move(r).value();
+  shm->set_regions(regions.get());
+  const int me = World()->rank(), p = World()->size();
+  if (p < 2) GTEST_SKIP() << "needs a receiver";
+  const size_t n = (size_t{12} << 20) / 4;  // beyond a crowded window's slots at P <= 9
+  auto got = regions->Allocate((n + 1) * 4);
+  ASSERT_TRUE(OkOnEveryRank(got.status()));
+  auto* buf = static_cast<float*>(*got);
+  for (size_t i = 0; i <= n; ++i) buf[i] = me == 0 ? static_cast<float>(i) : -1.0f;
+  Status b = shm->Broadcast(buf, me == p - 1 ? n + 1 : n, DType::kFloat32, 0);
+  float x = 1, y = 0;
+  Status next = shm->AllReduce(&x, &y, 1, DType::kFloat32);
+  EXPECT_TRUE(OnEveryRank(!b.ok() || !next.ok())) << b.ToString() << " / " << next.ToString();
+  const Status& failed = b.ok() ? next : b;
+  EXPECT_NE(failed.ToString().find("Broadcast"), std::string::npos) << failed.ToString();
+  ASSERT_TRUE(OkOnEveryRank(shm->AllReduce(&x, &y, 1, DType::kFloat32)));
+  EXPECT_EQ(y, static_cast<float>(p));
+  ASSERT_TRUE(OkOnEveryRank(shm->Broadcast(buf, n, DType::kFloat32, 0)));
+  bool ok = true;
+  for (size_t i = 0; i < n; ++i) ok = ok && buf[i] == static_cast<float>(i);
+  EXPECT_TRUE(OnEveryRank(ok));
+  shm.reset();
+  ASSERT_TRUE(OkOnEveryRank(regions->Free(buf)));
+}
+
+// Where broadcasts read the root's buffer with process_vm_readv, a node-shared root buffer is
+// copied straight instead.
+TEST_P(ShmShared, BroadcastFromASharedRootBufferBeforeTheKernelsReads) {
+  const DType dt = GetParam();
+  const size_t es = DTypeSize(dt);
+  auto c = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 1);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::unique_ptr<ShmCollectives> direct = std::move(c).value();
+  direct->set_regions(regions_.get());
+  const size_t n = (size_t{2} << 20) / es + 1;
+  unsigned char* shared = Alloc(n * es);
+  Buf want(dt, n), priv(dt, n);
+  for (size_t i = 0; i < n; ++i) want.Set(i, 7 * F(i));
+  const int root = size() - 1;
+  for (int odd = 0; odd < 2; ++odd) {
+    // odd: the root's buffer private.
+    unsigned char* buf = odd == 1 || rank() % 2 == 1 ? static_cast<unsigned char*>(priv.data())
+                                                     : shared;
+    if (rank() == root) {
+      std::memcpy(buf, want.data(), n * es);
+    } else {
+      std::memset(buf, 0, n * es);
+    }
+    const uint64_t before = direct->shared_calls();
+    ASSERT_TRUE(OkOnEveryRank(direct->Broadcast(buf, n, dt, root)));
+    EXPECT_TRUE(OnEveryRank(std::memcmp(buf, want.data(), n * es) == 0)) << "odd=" << odd;
+    const bool root_shared = odd == 0 && root % 2 == 0;
+    const bool on = direct->single_copy_bcast_bytes() > 0 || n * es > direct->across_bytes();
+    EXPECT_EQ(direct->shared_calls() - before, root_shared && on ? 1u : 0u)
+        << "odd=" << odd;
+  }
+  ASSERT_TRUE(OkOnEveryRank(regions_->Free(shared)));
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, ShmShared, ::testing::ValuesIn(kAllTypes),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return DTypeName(info.param);
