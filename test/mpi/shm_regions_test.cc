@@ -340,7 +340,10 @@ TEST_P(ShmShared, BroadcastFromASharedRootBuffer) {
             << "n=" << n << " root=" << root;
       }
       // Then another call, which settles the broadcast's agreement.
-      ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(priv.data(), got.data(), 1, dt)));
+      Buf one(dt, 1), sum(dt, 1);
+      one.Set(0, 1);
+      ASSERT_TRUE(OkOnEveryRank(shm_->AllReduce(one.data(), sum.data(), 1, dt)));
+      EXPECT_EQ(sum.Get(0), p);
     }
     // A private root buffer: the window.
     for (size_t i = 0; i < n; ++i) want.Set(i, 3 * F(i));
