@@ -1624,7 +1624,7 @@ bool ShmCollectives::PublishShared(const void* send, const void* recv, size_t by
   const auto* in = static_cast<const unsigned char*>(send);
   const auto* out = static_cast<const unsigned char*>(recv);
   uint64_t send_code = 0, recv_code = 0;
-  if (regions_ != nullptr && (in == out || in + bytes <= out || out + bytes <= in)) {
+  if (regions_ != nullptr && (in == out || Disjoint(in, bytes, out, bytes))) {
     send_code = regions_->Encode(send, bytes);
     recv_code = send_code != 0 ? regions_->Encode(recv, bytes) : 0;
   }
@@ -1897,8 +1897,9 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   // More than one piece from a root whose buffer lies in node-shared memory: every receiver
   // copies it straight out of the root's buffer (see "Node-shared buffers" above). The root
   // says so in its descriptor; every rank clears its outcome and mark first.
+  const bool may_share = pieces > 1 && !across && regions_ != nullptr;
   bool root_shared = false;
-  if (pieces > 1 && !across && regions_ != nullptr) {
+  if (may_share) {
     Descriptor* own = Desc(rank_, index);
     own->shared_source = rank_ == root ? regions_->Encode(buf, bytes) : 0;
     own->copy_errno = 0;
@@ -1969,7 +1970,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
           __atomic_store_n(Confirmed(rank_), Confirmation(index, root), __ATOMIC_RELEASE);
           if (len <= kDemoteBytes) Demote(Confirmed(rank_), 8);
         }
-        if (pieces > 1 && !across && regions_ != nullptr) {
+        if (may_share) {
           // Published before the stamp, which this rank has seen.
           const uint64_t code = Desc(root, index)->shared_source;
           if (code != 0) {

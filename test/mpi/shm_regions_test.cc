@@ -57,6 +57,16 @@ class ShmShared : public ::testing::TestWithParam<DType> {
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     return p.ok() ? static_cast<unsigned char*>(*p) : nullptr;
   }
+  // Collective: a second window over the same regions whose gathers and broadcasts read their
+  // peers with process_vm_readv from 1 byte (where the probe allows it); null on failure.
+  std::unique_ptr<ShmCollectives> SingleCopyWindow() {
+    auto c = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 1);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return nullptr;
+    std::unique_ptr<ShmCollectives> direct = std::move(c).value();
+    direct->set_regions(regions_.get());
+    return direct;
+  }
   std::unique_ptr<ShmCollectives> shm_;
   std::unique_ptr<SharedRegions> regions_;
 };
@@ -279,10 +289,8 @@ TEST_P(ShmShared, AllGatherFromSharedInputs) {
 TEST_P(ShmShared, AllGatherFromSharedInputsBeforeTheKernelsReads) {
   const DType dt = GetParam();
   const size_t es = DTypeSize(dt);
-  auto c = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 1);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  std::unique_ptr<ShmCollectives> direct = std::move(c).value();
-  direct->set_regions(regions_.get());
+  std::unique_ptr<ShmCollectives> direct = SingleCopyWindow();
+  ASSERT_NE(direct, nullptr);
   const int p = size();
   const size_t n = (size_t{64} << 10) / es + 1;
   const size_t total = n * static_cast<size_t>(p);
@@ -396,10 +404,8 @@ TEST(ShmSharedBroadcast, MismatchOnOneReceiverFailsEveryRank) {
 TEST_P(ShmShared, BroadcastFromASharedRootBufferBeforeTheKernelsReads) {
   const DType dt = GetParam();
   const size_t es = DTypeSize(dt);
-  auto c = ShmCollectives::Create(World()->mpi_comm(), size_t{1} << 20, 60.0, 1);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  std::unique_ptr<ShmCollectives> direct = std::move(c).value();
-  direct->set_regions(regions_.get());
+  std::unique_ptr<ShmCollectives> direct = SingleCopyWindow();
+  ASSERT_NE(direct, nullptr);
   const size_t n = (size_t{2} << 20) / es + 1;
   unsigned char* shared = Alloc(n * es);
   Buf want(dt, n), priv(dt, n);
