@@ -38,6 +38,11 @@ endfunction()
 
 psd_add_python_mpi_test(python_module ${CMAKE_CURRENT_SOURCE_DIR}/python/module_test.py
                         NP 1 2 4 TIMEOUT 120)
+# Node-shared memory (Comm.alloc_shared): exact collectives over it, the refusals of free and
+# destroy while arrays live, on one rank or on all; np 3 and 5 for world sizes that are odd.
+psd_add_python_mpi_test(python_shared_memory
+                        ${CMAKE_CURRENT_SOURCE_DIR}/python/shared_memory_test.py
+                        NP 1 2 3 5 TIMEOUT 120)
 # poseidonrun (python -m poseidon.run): the mpirun command it builds, and real jobs at np 2 (the
 # POSEIDON_ variables and the world size on every rank, exit codes, --timeout). No OMPI_*
 # variables here: the launcher itself must make mpirun run as root and oversubscribe.

@@ -1,7 +1,9 @@
 // The Handle and Comm classes of the _poseidon module and their bindings (BindComm).
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -17,6 +19,7 @@ namespace poseidon::python {
 namespace {
 
 class Comm;
+class SharedBuffer;
 
 // What one submission borrows: the C handle and the Python objects whose memory the engine reads
 // and writes (grad, params, u, v) until the exchange completes.
@@ -69,6 +72,49 @@ class Handle {
   Inflight in_;
 };
 
+// Node-shared host memory from Python (Comm.alloc_shared, over psdMemAlloc): memory that every
+// rank of the node maps, so that a collective whose arrays all lie in it reads its peers'
+// inputs straight instead of copying through the shared-memory window. Its free is collective
+// (psdMemFree) and unmaps it, so the numpy arrays made from it (array()) are counted: each holds,
+// as its base, a capsule that keeps the SharedBuffer alive and takes one off the count when that
+// array and every view of it are gone (torch.from_numpy keeps the array, so a tensor counts
+// too). free() while some rank holds such an array refuses on every rank, naming it (the ranks
+// exchange their counts first), and frees nothing; so does Comm.destroy(), which frees every
+// allocation. A SharedBuffer collected without free() keeps its memory until its Comm is
+// destroyed (a ResourceWarning says so): a free cannot run from the garbage collector, which
+// runs at
+// different times on different ranks.
+class SharedBuffer {
+ public:
+  SharedBuffer(Comm* comm, py::object comm_obj, void* data, size_t bytes);
+  ~SharedBuffer();
+  SharedBuffer(const SharedBuffer&) = delete;
+  SharedBuffer& operator=(const SharedBuffer&) = delete;
+  // A numpy array over the memory (dtype, shape: C order, default 1-D over all of it).
+  py::array Array(py::object self, py::handle dtype, py::handle shape);
+  void Free();
+  size_t nbytes() const { return bytes_; }
+  size_t exports() const { return exports_; }
+  bool freed() const { return data_ == nullptr; }
+
+ private:
+  // What an array's capsule holds. GIL held wherever it is made or dropped.
+  struct Export {
+    SharedBuffer* buf;
+    py::object owner;  // the SharedBuffer's Python object
+  };
+  static void Unexport(void* p) {
+    auto* e = static_cast<Export*>(p);
+    --e->buf->exports_;  // before owner goes: it may be the buffer's last reference
+    delete e;
+  }
+  Comm* comm_;
+  py::object comm_obj_;  // keeps comm_ alive
+  void* data_;
+  size_t bytes_;
+  size_t exports_ = 0;  // live arrays over data_ (GIL held)
+};
+
 class Comm {
  public:
   // mpi_comm: 0 for MPI_COMM_WORLD, else an MPI_Comm handle value (mpi4py: MPI._handleof).
@@ -96,6 +142,7 @@ class Comm {
       Reap();
       return;
     }
+    if (live_allocs_ > 0) RefuseWhileShared();
     psdComm_t c = c_;
     c_ = nullptr;
     psdResult_t r;
@@ -105,6 +152,46 @@ class Comm {
     }
     Reap();  // the engine failed what was pending: those arrays can go
     Check(r);
+  }
+  // Node-shared memory (see SharedBuffer): collective, like psdMemAlloc. A bad nbytes on one
+  // rank joins the allocation with a size every rank refuses, so the peers fail with it.
+  std::unique_ptr<SharedBuffer> AllocShared(py::object self, py::handle nbytes) {
+    psdComm_t c = get();
+    long long n = 0;
+    std::string bad;
+    if (!py::isinstance<py::int_>(nbytes) || py::isinstance<py::bool_>(nbytes)) {
+      bad = "is a " + py::str(py::type::of(nbytes)).cast<std::string>() + "; expected an int";
+    } else {
+      try {
+        n = nbytes.cast<long long>();
+      } catch (const py::cast_error&) {
+        bad = "is out of range; expected 1..2**63 - 1";
+      }
+      if (bad.empty() && n <= 0) bad = "is " + std::to_string(n) + "; expected at least 1";
+    }
+    void* p = nullptr;
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = psdMemAlloc(c, bad.empty() ? static_cast<size_t>(n) : 0, &p);
+    }
+    if (!bad.empty()) BadArg("Comm.alloc_shared: nbytes " + bad);
+    Check(r, c);
+    ++live_allocs_;
+    return std::make_unique<SharedBuffer>(this, std::move(self), p, static_cast<size_t>(n));
+  }
+  // What SharedBuffer tells its Comm.
+  void AddShared(SharedBuffer* b) { shared_.push_back(b); }
+  void DropShared(SharedBuffer* b) {
+    shared_.erase(std::remove(shared_.begin(), shared_.end(), b), shared_.end());
+  }
+  void Freed() { --live_allocs_; }
+  // Raises unless the C communicator is still live (finalize() destroys it under this object).
+  void RequireLive(const char* what) const {
+    int rank = 0;
+    if (c_ == nullptr || psdCommRank(c_, &rank) != psdSuccess) {
+      BadArg(std::string(what) + ": its communicator was destroyed (with its memory)");
+    }
   }
   // Takes over the arrays of a freed handle whose exchange still runs.
   void Adopt(Inflight in) { orphans_.push_back(std::move(in)); }
@@ -426,7 +513,46 @@ class Comm {
     }
     Check(r, c);
   }
+  // Destroying frees every node-shared allocation: arrays made from one on any rank would point
+  // at unmapped memory. live_allocs_ is the same on every rank (allocations and frees succeed or
+  // fail on every rank alike), so every rank with some comes here and learns every rank's count
+  // of live arrays; all raise, destroying nothing, where some rank holds one. Where the
+  // exchange itself fails (a peer is gone), a rank that holds none destroys anyway.
+  void RefuseWhileShared() {
+    int64_t mine = 0;
+    for (const SharedBuffer* b : shared_) mine += static_cast<int64_t>(b->exports());
+    int size = 1;
+    Check(psdCommSize(c_, &size), c_);
+    std::vector<int64_t> all(static_cast<size_t>(size), 0);
+    psdResult_t r;
+    {
+      py::gil_scoped_release release;
+      r = psdAllGather(c_, &mine, all.data(), 1, psdInt64, psdMemHost, nullptr);
+    }
+    if (r != psdSuccess) {
+      if (mine == 0) return;
+      const std::string why = psdGetLastError(c_);
+      BadArg("Comm.destroy: " + std::to_string(mine) +
+             " arrays made by SharedBuffer.array() are alive on this rank (and the ranks could "
+             "not compare theirs: " + why + "); nothing was destroyed");
+    }
+    std::string holders;
+    for (int q = 0; q < size; ++q) {
+      if (all[static_cast<size_t>(q)] == 0) continue;
+      holders += (holders.empty() ? "rank " : ", rank ") + std::to_string(q) + " (" +
+                 std::to_string(all[static_cast<size_t>(q)]) + ")";
+    }
+    if (!holders.empty()) {
+      BadArg("Comm.destroy: arrays made by SharedBuffer.array() are alive on " + holders +
+             "; destroying would unmap the memory under them: drop them and free() each "
+             "buffer first (nothing was destroyed, on any rank)");
+    }
+  }
   psdComm_t c_ = nullptr;
+  // Live SharedBuffer objects (each holds this Comm's Python object), and the allocations not
+  // freed (a collected SharedBuffer's memory stays allocated until destroy).
+  std::vector<SharedBuffer*> shared_;
+  size_t live_allocs_ = 0;
   // What register_layer was given, by layer id: submit checks the arrays against it.
   struct LayerShape {
     bool known = false;
@@ -474,6 +600,99 @@ void Handle::Release() {
   comm_->Reap();
 }
 
+SharedBuffer::SharedBuffer(Comm* comm, py::object comm_obj, void* data, size_t bytes)
+    : comm_(comm), comm_obj_(std::move(comm_obj)), data_(data), bytes_(bytes) {
+  comm_->AddShared(this);
+}
+
+SharedBuffer::~SharedBuffer() {
+  comm_->DropShared(this);
+  if (data_ != nullptr && Py_IsInitialized()) {
+    // Its memory stays allocated until the Comm is destroyed.
+    if (PyErr_WarnEx(PyExc_ResourceWarning,
+                     "poseidon.SharedBuffer collected without free(): its node-shared memory "
+                     "stays allocated until its Comm is destroyed",
+                     1) != 0) {
+      PyErr_Clear();
+    }
+  }
+}
+
+py::array SharedBuffer::Array(py::object self, py::handle dtype, py::handle shape) {
+  if (data_ == nullptr) BadArg("SharedBuffer.array: the buffer was freed");
+  comm_->RequireLive("SharedBuffer.array");
+  py::dtype dt = py::dtype::from_args(py::reinterpret_borrow<py::object>(dtype));
+  const size_t item = static_cast<size_t>(dt.itemsize());
+  std::vector<py::ssize_t> dims;
+  size_t count = 1;
+  if (shape.is_none()) {
+    if (item == 0 || bytes_ % item != 0) {
+      BadArg("SharedBuffer.array: " + std::to_string(bytes_) + " bytes are not a whole number of " +
+             py::str(dt).cast<std::string>() + " elements; give a shape");
+    }
+    count = bytes_ / item;
+    dims.push_back(static_cast<py::ssize_t>(count));
+  } else {
+    std::vector<long long> asked;
+    if (py::isinstance<py::int_>(shape)) {
+      asked.push_back(shape.cast<long long>());
+    } else {
+      for (py::handle d : shape) asked.push_back(d.cast<long long>());
+    }
+    for (long long d : asked) {
+      if (d < 0) BadArg("SharedBuffer.array: shape has " + std::to_string(d) +
+                        "; expected sizes of at least 0");
+      dims.push_back(static_cast<py::ssize_t>(d));
+      count *= static_cast<size_t>(d);
+    }
+    if (count != 0 && (count > bytes_ || count * item > bytes_)) {
+      BadArg("SharedBuffer.array: shape of " + std::to_string(count) + " " +
+             py::str(dt).cast<std::string>() + " elements needs more than the buffer's " +
+             std::to_string(bytes_) + " bytes");
+    }
+  }
+  py::capsule keep(new Export{this, std::move(self)}, &SharedBuffer::Unexport);
+  ++exports_;
+  return py::array(dt, dims, {}, data_, keep);
+}
+
+void SharedBuffer::Free() {
+  psdComm_t c = comm_->get();
+  // Every rank says first whether it can free (0), was freed already (-1) or holds arrays over
+  // the memory (their count): a refusal on one rank fails the free on every rank, naming it,
+  // and nothing is freed anywhere.
+  const int64_t mine = data_ == nullptr ? -1 : static_cast<int64_t>(exports_);
+  int size = 1;
+  Check(psdCommSize(c, &size), c);
+  std::vector<int64_t> all(static_cast<size_t>(size), 0);
+  psdResult_t r;
+  {
+    py::gil_scoped_release release;
+    r = psdAllGather(c, &mine, all.data(), 1, psdInt64, psdMemHost, nullptr);
+  }
+  Check(r, c);
+  std::string refusals;
+  for (int q = 0; q < size; ++q) {
+    const int64_t v = all[static_cast<size_t>(q)];
+    if (v == 0) continue;
+    refusals += refusals.empty() ? "" : "; ";
+    refusals += "rank " + std::to_string(q) +
+                (v < 0 ? " freed it already"
+                       : " holds " + std::to_string(v) +
+                             " arrays made by array() (a view or a tensor over one counts)");
+  }
+  if (!refusals.empty()) {
+    BadArg("SharedBuffer.free: " + refusals + "; nothing was freed, on any rank");
+  }
+  {
+    py::gil_scoped_release release;
+    r = psdMemFree(c, data_);
+  }
+  Check(r, c);
+  data_ = nullptr;
+  comm_->Freed();
+}
+
 }  // namespace
 
 void BindComm(py::module_& m) {
@@ -483,6 +702,23 @@ void BindComm(py::module_& m) {
            "checks); True when done, False on timeout; raises the exchange's error.")
       .def("test", &Handle::Test, "True when done (never blocks); raises the exchange's error.")
       .def("free", &Handle::Free);
+
+  py::class_<SharedBuffer>(m, "SharedBuffer")
+      .def(
+          "array",
+          [](py::object self, py::handle dtype, py::handle shape) {
+            return self.cast<SharedBuffer&>().Array(self, dtype, shape);
+          },
+          py::arg("dtype") = "float32", py::arg("shape") = py::none(),
+          "A numpy array over the memory, in C order (default: 1-D over all of it). Counted: "
+          "free() refuses while it, a view of it or a tensor made from it lives.")
+      .def("free", &SharedBuffer::Free,
+           "Collective, like alloc_shared: frees the memory on every rank. Refused on every "
+           "rank while some rank still holds an array over it.")
+      .def_property_readonly("nbytes", &SharedBuffer::nbytes)
+      .def_property_readonly("exports", &SharedBuffer::exports,
+                             "Arrays made by array() that are still alive on this rank.")
+      .def_property_readonly("freed", &SharedBuffer::freed);
 
   static const char* const kDetailDoc =
       "detail: the caller's own terms of the call beyond its arrays (e.g. the op it applies to "
@@ -522,6 +758,17 @@ void BindComm(py::module_& m) {
           },
           py::arg("layer"), py::arg("grad"), py::arg("params") = py::none(),
           py::arg("u") = py::none(), py::arg("v") = py::none())
+      .def(
+          "alloc_shared",
+          [](py::object self, py::handle nbytes) {
+            Comm& comm = self.cast<Comm&>();
+            return comm.AllocShared(self, nbytes);
+          },
+          py::arg("nbytes"),
+          "Collective: nbytes of host memory that every rank of the node maps (psdMemAlloc), "
+          "as a SharedBuffer; make numpy arrays over it with its array(). A collective whose "
+          "arrays all lie in such memory on every rank reads its peers' inputs straight. Every "
+          "rank calls alloc_shared and SharedBuffer.free in the same order (sizes may differ).")
       .def("async_error", &Comm::AsyncError)
       .def_property_readonly("_num_held", &Comm::NumHeld,
                              "Freed handles whose exchange still runs (their arrays are held).")

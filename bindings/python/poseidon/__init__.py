@@ -10,6 +10,11 @@ without copies.
     comm.build_plan(batch=16); print(comm.plan())
     h = comm.submit(fc, grad); h.wait()       # grad now holds the average over ranks
 
+Node-shared memory: ``buf = comm.alloc_shared(nbytes)`` (collective) and ``a = buf.array(np.float32)``
+give arrays that every rank of the node maps; collectives whose arrays all lie in such memory
+read their peers' inputs straight (no copy through the shared-memory window). ``buf.free()`` is
+collective and refused on every rank while any rank still holds an array over it.
+
 A handle may be dropped before its exchange completes: the arrays it was given stay alive (held
 by its Comm) until then. Launch jobs with ``poseidonrun -np 4 python3 train.py``
 (``python -m poseidon.run``; see poseidon/run.py).
@@ -30,6 +35,7 @@ except ImportError:  # build tree: <build>/bindings/python on sys.path
 
 Comm = _ext.Comm
 Handle = _ext.Handle
+SharedBuffer = _ext.SharedBuffer
 Error = _ext.Error
 InvalidArgumentError = _ext.InvalidArgumentError
 MismatchError = _ext.MismatchError
