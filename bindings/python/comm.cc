@@ -82,8 +82,8 @@ class Handle {
 // exchange their counts first), and frees nothing; so does Comm.destroy(), which frees every
 // allocation. A SharedBuffer collected without free() keeps its memory until its Comm is
 // destroyed (a ResourceWarning says so): a free cannot run from the garbage collector, which
-// runs at
-// different times on different ranks.
+// runs at different times on different ranks. poseidon.finalize() (and so the interpreter's exit)
+// destroys every communicator whatever arrays remain: it ends the use of the library.
 class SharedBuffer {
  public:
   SharedBuffer(Comm* comm, py::object comm_obj, void* data, size_t bytes);
