@@ -72,6 +72,17 @@ class Handle {
   Inflight in_;
 };
 
+// Every rank's `mine`, in rank order (an allgather over c, GIL released): how free() and
+// destroy() learn which ranks still hold arrays over node-shared memory.
+psdResult_t GatherPerRank(psdComm_t c, int64_t mine, std::vector<int64_t>* all) {
+  int size = 1;
+  psdResult_t r = psdCommSize(c, &size);
+  if (r != psdSuccess) return r;
+  all->assign(static_cast<size_t>(size), 0);
+  py::gil_scoped_release release;
+  return psdAllGather(c, &mine, all->data(), 1, psdInt64, psdMemHost, nullptr);
+}
+
 // Node-shared host memory from Python (Comm.alloc_shared, over psdMemAlloc): memory that every
 // rank of the node maps, so that a collective whose arrays all lie in it reads its peers'
 // inputs straight instead of copying through the shared-memory window. Its free is collective
@@ -521,14 +532,9 @@ class Comm {
   void RefuseWhileShared() {
     int64_t mine = 0;
     for (const SharedBuffer* b : shared_) mine += static_cast<int64_t>(b->exports());
-    int size = 1;
-    Check(psdCommSize(c_, &size), c_);
-    std::vector<int64_t> all(static_cast<size_t>(size), 0);
-    psdResult_t r;
-    {
-      py::gil_scoped_release release;
-      r = psdAllGather(c_, &mine, all.data(), 1, psdInt64, psdMemHost, nullptr);
-    }
+    std::vector<int64_t> all;
+    const psdResult_t r = GatherPerRank(c_, mine, &all);
+    const int size = static_cast<int>(all.size());
     if (r != psdSuccess) {
       if (mine == 0) return;
       const std::string why = psdGetLastError(c_);
@@ -662,15 +668,10 @@ void SharedBuffer::Free() {
   // the memory (their count): a refusal on one rank fails the free on every rank, naming it,
   // and nothing is freed anywhere.
   const int64_t mine = data_ == nullptr ? -1 : static_cast<int64_t>(exports_);
-  int size = 1;
-  Check(psdCommSize(c, &size), c);
-  std::vector<int64_t> all(static_cast<size_t>(size), 0);
-  psdResult_t r;
-  {
-    py::gil_scoped_release release;
-    r = psdAllGather(c, &mine, all.data(), 1, psdInt64, psdMemHost, nullptr);
-  }
+  std::vector<int64_t> all;
+  psdResult_t r = GatherPerRank(c, mine, &all);
   Check(r, c);
+  const int size = static_cast<int>(all.size());
   std::string refusals;
   for (int q = 0; q < size; ++q) {
     const int64_t v = all[static_cast<size_t>(q)];
