@@ -274,6 +274,16 @@ constexpr size_t kGatherStreamBytes = size_t{16} << 20;
 // stores; at P = 2, each rank on a core, 0.82x (30 launches), where the two outputs and inputs
 // (24 MiB) stay in the 32 MiB L3.
 constexpr size_t kCrowdedGatherStreamBytes = size_t{8} << 20;
+// Where every rank has a core, an allgather streams from kGatherStreamBytes only once the
+// node's outputs and inputs, (P + 1) x the gathered bytes, exceed the last-level cache as
+// sysconf reports it (where it reports none, from kGatherStreamBytes; Create sets
+// gather_stream_bytes_). In single copy, streaming costs a second copy (the kernel's into a
+// block of this rank's, then out), which plain stores into a cache that holds it all do not
+// repay. On the development VM's Intel CPU (family 6 model 207, 260 MiB L3 as the guest sees
+// it; osu_allgather -np 2 --no-peer, launches alternated, medians, bench/RESULTS.md
+// twenty-sixth pass) plain stores took 1787-2074 against 2678-2987 us with streaming at 16 MiB
+// per rank, were even at 32 MiB per rank (through the window) and 1.15x slower at 64 MiB; with
+// the AMD CPU's 32 MiB L3 the rule keeps kGatherStreamBytes.
 // An allreduce through the window writes its output with streaming stores from this size. From
 // 16 MiB a rank's output cannot be in the last-level cache by the time it is read: the ranks'
 // outputs together fill the 32 MiB one at P = 2 and exceed it beyond. Below it, plain stores: the
@@ -611,6 +621,12 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   // Every rank of the window counts the same cores (one node, one count for the system).
   const bool crowded = cores > 0 && size > cores;
   s->crowded_ = crowded;
+  s->gather_stream_bytes_ = crowded ? kCrowdedGatherStreamBytes : kGatherStreamBytes;
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (!crowded && llc > 0) {
+    const size_t past = static_cast<size_t>(llc) / static_cast<size_t>(size + 1) + 1;
+    s->gather_stream_bytes_ = std::max(s->gather_stream_bytes_, past);
+  }
   if (cores > 0 && size > 2 * cores) {
     s->across_bytes_ = std::min(static_cast<size_t>(size) * s->slot_bytes_,
                                 kBroadcastStreamBytes - 1);
@@ -1504,7 +1520,7 @@ Status ShmCollectives::GatherRounds(const void* send, void* recv, const GatherLa
   unsigned char* out = static_cast<unsigned char*>(recv);
   // My own part never goes through the window.
   unsigned char* my_out = out + layout.offset(rank_) * es;
-  const bool stream = total * es >= (crowded_ ? kCrowdedGatherStreamBytes : kGatherStreamBytes);
+  const bool stream = total * es >= gather_stream_bytes_;
   if (count > 0 && my_out != in) {
     const size_t n = count * es;
     if (stream && (in + n <= my_out || my_out + n <= in)) {

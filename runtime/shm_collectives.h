@@ -242,6 +242,10 @@ class ShmCollectives {
   size_t single_copy_requested() const { return single_copy_requested_; }
   size_t single_copy_bytes() const { return single_copy_bytes_; }
   size_t single_copy_bcast_bytes() const { return single_copy_bcast_bytes_; }
+  // The smallest allgather (of the gathered bytes) that writes its output with streaming stores:
+  // kCrowdedGatherStreamBytes where ranks outnumber cores, else kGatherStreamBytes or, where
+  // more, the size from which P + 1 gathered buffers exceed the last-level cache.
+  size_t gather_stream_bytes() const { return gather_stream_bytes_; }
   // The smallest AllReduce read straight from the peers (0: never).
   size_t single_copy_reduce_bytes() const { return single_copy_reduce_bytes_; }
   const std::string& single_copy_note() const { return single_copy_note_; }
@@ -452,6 +456,7 @@ class ShmCollectives {
   std::vector<unsigned char> direct_blocks_;  // ReduceDirect: one block per peer; GatherDirect
   double timeout_s_ = 0;
   bool crowded_ = false;  // more ranks than cores (the same count on every rank)
+  size_t gather_stream_bytes_ = 0;  // an allgather's streaming stores from this size (gathered)
   size_t across_bytes_ = 0;  // see across_bytes()
   double spin_s_ = 0;  // seconds of plain spinning first (0 when ranks outnumber cores)
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep

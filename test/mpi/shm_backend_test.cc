@@ -691,16 +691,49 @@ TEST(ShmBroadcast, StreamedOutputsOfLargeBroadcastsAreExact) {
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
-// An allgather through the window of 16 MiB and more (the gathered buffer; from 8 MiB where
-// ranks outnumber cores) writes its output with streaming stores (kGatherStreamBytes in
-// shm_collectives.cc), in rounds of 256 KiB per rank: parts with a tail that fills no 64-byte
-// block, every element checked, and a small allreduce after it (the stores are fenced before the
-// call returns).
+// Where the streaming stores of an allgather start (the gathered buffer): 8 MiB where ranks
+// outnumber cores; else 16 MiB, or more where the last-level cache holds P + 1 gathered
+// buffers of 16 MiB (kGatherStreamBytes in shm_collectives.cc), the same on every rank.
+TEST(ShmAllGather, StreamsOnceTheGatheredBuffersOutgrowTheCache) {
+  std::unique_ptr<ShmCollectives> shm;
+  ASSERT_NO_FATAL_FAILURE(WideWindow(&shm));
+  const int p = World()->size();
+  const size_t from = shm->gather_stream_bytes();
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (cores > 0 && p > cores) {
+    EXPECT_EQ(from, size_t{8} << 20);
+  } else {
+    EXPECT_GE(from, size_t{16} << 20);
+    if (llc > 0) {
+      // The smallest size past the cache, where that is more than 16 MiB.
+      const size_t ranks = static_cast<size_t>(p + 1), cache = static_cast<size_t>(llc);
+      EXPECT_GT(ranks * from, cache) << from << " bytes, cache " << llc << ", " << p << " ranks";
+      EXPECT_TRUE(from == (size_t{16} << 20) || ranks * (from - 1) <= cache)
+          << from << " bytes, cache " << llc << ", " << p << " ranks";
+    }
+  }
+  uint64_t mine = from, low = 0, high = 0;
+  ASSERT_EQ(MPI_Allreduce(&mine, &low, 1, MPI_UINT64_T, MPI_MIN, World()->mpi_comm()),
+            MPI_SUCCESS);
+  ASSERT_EQ(MPI_Allreduce(&mine, &high, 1, MPI_UINT64_T, MPI_MAX, World()->mpi_comm()),
+            MPI_SUCCESS);
+  EXPECT_EQ(low, high);
+}
+
+// An allgather through the window from where its streaming stores start (gather_stream_bytes(),
+// above; at least 16 MiB, at most 160 MiB here) writes its output with streaming stores, in
+// rounds of 256 KiB per rank: parts with a tail that fills no 64-byte block, every element
+// checked, and a small allreduce after it (the stores are fenced before the call returns).
 TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
   std::unique_ptr<ShmCollectives> shm;
   ASSERT_NO_FATAL_FAILURE(WideWindow(&shm));
   const int p = World()->size(), me = World()->rank();
-  const size_t n = (size_t{16} << 20) / sizeof(float) / static_cast<size_t>(p) + 3;
+  const size_t gathered = std::max(size_t{16} << 20, shm->gather_stream_bytes());
+  if (gathered > (size_t{160} << 20)) {
+    GTEST_SKIP() << "streaming starts at " << gathered << " gathered bytes on this machine";
+  }
+  const size_t n = gathered / sizeof(float) / static_cast<size_t>(p) + 3;
   auto want = [](int r, size_t j) {
     return static_cast<float>(r * 131 + static_cast<int>(j % 1009));
   };
@@ -718,9 +751,11 @@ TEST(ShmAllGather, StreamedOutputsOfLargeGathersAreExact) {
   EXPECT_TRUE(OnEveryRank(wrong == 0)) << wrong << " elements wrong";
 }
 
-// The single-copy allgather of 16 MiB and more reads each peer's part in blocks and writes it
-// out with streaming stores, its own part too (kGatherStreamBytes, kGatherBounceBytes in
-// shm_collectives.cc): parts whose lengths differ by rank and fill neither a block nor a 64-byte
+// The single-copy allgather of 16 MiB and more, where its streaming stores start there (ranks
+// outnumbering cores, or a last-level cache that cannot hold P + 1 such buffers), reads each
+// peer's part in blocks and writes it out with streaming stores, its own part too
+// (kGatherStreamBytes, kGatherBounceBytes in shm_collectives.cc); else it reads each part
+// straight into the output, as checked the same way: parts whose lengths differ by rank and fill neither a block nor a 64-byte
 // line, out of place and in place, every element checked, and a small allreduce after each.
 TEST_F(ShmSingleCopy, StreamedGathersAreExact) {
   const int p = World()->size(), me = World()->rank();

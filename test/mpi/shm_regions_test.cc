@@ -504,7 +504,9 @@ TEST(ShmRegions, BadFreeOnOneRankFailsEveryRank) {
   if (p > 1) {
     st = regions->Free(me == 0 ? nullptr : base);
     EXPECT_TRUE(OnEveryRank(st.code() == StatusCode::kInvalidArgument)) << st.ToString();
-    if (me == 0) EXPECT_NE(st.message().find("NULL"), std::string::npos) << st.ToString();
+    if (me == 0) {
+      EXPECT_NE(st.message().find("NULL"), std::string::npos) << st.ToString();
+    }
     EXPECT_EQ(regions->live(), 1u);
   }
   ASSERT_TRUE(OkOnEveryRank(regions->Free(base)));
