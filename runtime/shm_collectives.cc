@@ -160,8 +160,9 @@
 // another core, then poll with sched_yield for up to 200 us (a runnable peer gets the core at
 // once), then sleep on the peer's word with a futex (shared, not private: the word lives in a
 // mapping of several processes), checking the caller's interrupt, if any, at every wake.
-// Large outputs are written with streaming stores: a broadcast's and an allreduce's from 16 MiB,
-// an allgather's from 16 MiB, or 8 MiB where ranks outnumber cores (kBroadcastStreamBytes,
+// Large outputs are written with streaming stores: an allreduce's from 16 MiB; a broadcast's and
+// an allgather's from 16 MiB, or from where their buffers outgrow a large last-level cache, and
+// an allgather's from 8 MiB where ranks outnumber cores (kBroadcastStreamBytes,
 // kReduceStreamBytes, kGatherStreamBytes, kCrowdedGatherStreamBytes).
 #include "runtime/shm_collectives.h"
 
@@ -257,6 +258,16 @@ constexpr size_t kBroadcastPieceBytes = size_t{512} << 10;
 // 2.6-4.0 ms at P = 2 and 12.8-15.8 against 17.7-21.1 ms at P = 8 (the window's way), at P = 4
 // 5.9-10.2 against 6.9-9.7 ms (the runs' spread); from 1 MiB it was slower at 1-4 MiB.
 constexpr size_t kBroadcastStreamBytes = size_t{16} << 20;
+// Where every rank has a core, a broadcast streams from kBroadcastStreamBytes only once 3 x P
+// buffers of its size exceed the last-level cache as sysconf reports it (where it reports none,
+// from kBroadcastStreamBytes; Create sets bcast_stream_bytes_): the root's buffer and the
+// receivers' outputs, P of them, stay in a cache some times their size, and plain stores into
+// it cost less than streaming ones do. The factor 3 is where the measured crossing lies: on the
+// development VM's Intel CPU (260 MiB L3 as the guest sees it; osu_broadcast -np 2 --no-peer,
+// 12 launches each alternated, median of the pairs' ratios, bench/RESULTS.md twenty-sixth pass)
+// plain stores took 0.83x the time of streaming ones at 16 MiB (11 of 12 pairs), 0.92x at
+// 32 MiB and 1.17x at 64 MiB (12 of 12); with the AMD CPU's 32 MiB L3 the rule keeps
+// kBroadcastStreamBytes.
 // An allgather through the window writes its gathered output with streaming stores from this
 // size. On the development VM's AMD CPU (osu_allgather --no-peer, alternated runs, the window
 // forced, bench/RESULTS.md thirteenth pass) 16 MiB took 3200-3830 against 4360-7470 us at P = 2
@@ -626,6 +637,11 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   if (!crowded && llc > 0) {
     const size_t past = static_cast<size_t>(llc) / static_cast<size_t>(size + 1) + 1;
     s->gather_stream_bytes_ = std::max(s->gather_stream_bytes_, past);
+  }
+  s->bcast_stream_bytes_ = kBroadcastStreamBytes;
+  if (!crowded && llc > 0) {
+    const size_t past = static_cast<size_t>(llc) / (3 * static_cast<size_t>(size)) + 1;
+    s->bcast_stream_bytes_ = std::max(s->bcast_stream_bytes_, past);
   }
   if (cores > 0 && size > 2 * cores) {
     s->across_bytes_ = std::min(static_cast<size_t>(size) * s->slot_bytes_,
@@ -1908,7 +1924,7 @@ Status ShmCollectives::Broadcast(void* buf, size_t count, DType dtype, int root,
   // in the slot.
   const bool inline_data = bytes <= kInlineBytes;
   unsigned char* data = static_cast<unsigned char*>(buf);
-  const bool stream = bytes >= kBroadcastStreamBytes;
+  const bool stream = bytes >= bcast_stream_bytes_;
   const uint64_t index = calls_;
   // More than one piece from a root whose buffer lies in node-shared memory: every receiver
   // copies it straight out of the root's buffer (see "Node-shared buffers" above). The root
@@ -2108,7 +2124,7 @@ Status ShmCollectives::BroadcastDirect(void* buf, size_t bytes, int root,
   if (from->shared_source != 0) {
     // The root's buffer is node-shared: copied straight, without the kernel.
     return ReceiveShared(static_cast<unsigned char*>(buf), bytes, root, from->shared_source,
-                         arrival, bytes >= kBroadcastStreamBytes, a.call);
+                         arrival, bytes >= bcast_stream_bytes_, a.call);
   }
   const int err = ReadPeer(pids_[static_cast<size_t>(root)], buf, from->source, bytes);
   own->copy_errno = err;

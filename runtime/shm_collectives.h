@@ -246,6 +246,10 @@ class ShmCollectives {
   // kCrowdedGatherStreamBytes where ranks outnumber cores, else kGatherStreamBytes or, where
   // more, the size from which P + 1 gathered buffers exceed the last-level cache.
   size_t gather_stream_bytes() const { return gather_stream_bytes_; }
+  // The smallest broadcast that writes the receivers' outputs with streaming stores:
+  // kBroadcastStreamBytes, or where every rank has a core and more, the size from which 3 x P
+  // buffers of it exceed the last-level cache.
+  size_t bcast_stream_bytes() const { return bcast_stream_bytes_; }
   // The smallest AllReduce read straight from the peers (0: never).
   size_t single_copy_reduce_bytes() const { return single_copy_reduce_bytes_; }
   const std::string& single_copy_note() const { return single_copy_note_; }
@@ -457,6 +461,7 @@ class ShmCollectives {
   double timeout_s_ = 0;
   bool crowded_ = false;  // more ranks than cores (the same count on every rank)
   size_t gather_stream_bytes_ = 0;  // an allgather's streaming stores from this size (gathered)
+  size_t bcast_stream_bytes_ = 0;   // a broadcast's streaming stores from this size
   size_t across_bytes_ = 0;  // see across_bytes()
   double spin_s_ = 0;  // seconds of plain spinning first (0 when ranks outnumber cores)
   double yield_s_ = 0;  // then seconds of polling with sched_yield before the futex sleep
