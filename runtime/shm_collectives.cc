@@ -211,11 +211,15 @@ constexpr size_t kDirectBlockBytes = size_t{64} << 10;
 // ReduceDirect's chunk: every rank's shard of one chunk is summed, then read by its peers, while
 // it is still in the caches.
 constexpr size_t kDirectChunkBytes = size_t{1} << 20;
-// GatherDirect runs below this size. At P = 2 here (osu_allgather, both ways alternated, every
-// size's buffers settled first) a gather of 32 MiB took 3065-3093 us in single copy against
-// 3687-3849 us through the window's streaming rounds (Open MPI's two_proc: 2984-3175 us), and
-// one of 64 MiB 9346-12120 against 8671-8709 us.
-constexpr size_t kDirectGatherMaxBytes = size_t{64} << 20;
+// GatherDirect runs below this size (of the gathered buffer). At P = 2 on the development VM's
+// older Intel CPU (osu_allgather, both ways alternated, every size's buffers settled first) a
+// gather of 32 MiB took 3065-3093 us in single copy against 3687-3849 us through the window's
+// streaming rounds (Open MPI's two_proc: 2984-3175 us), and one of 64 MiB 9346-12120 against
+// 8671-8709 us; on its family 6 model 207 Intel CPU (osu_allgather -np 2 --no-peer, launches
+// alternated, median of the pairs' ratios, bench/RESULTS.md twenty-sixth pass) the single copy
+// took 0.84-1.02x the window's time at 64 MiB (faster in 14 of 26 pairs, two sets of launches)
+// and 0.88-0.95x at 128 MiB (faster in 22 of 26). Beyond 256 MiB, unmeasured: the window.
+constexpr size_t kDirectGatherMaxBytes = size_t{256} << 20;
 // GatherDirect from kGatherStreamBytes reads each peer's part in blocks of this size into a
 // block of its own, then writes it out with streaming stores.
 constexpr size_t kGatherBounceBytes = size_t{256} << 10;
