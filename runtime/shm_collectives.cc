@@ -636,17 +636,17 @@ Result<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(MPI_Comm comm, si
   // Every rank of the window counts the same cores (one node, one count for the system).
   const bool crowded = cores > 0 && size > cores;
   s->crowded_ = crowded;
-  s->gather_stream_bytes_ = crowded ? kCrowdedGatherStreamBytes : kGatherStreamBytes;
+  // Streaming stores from `least` bytes, or where every rank has a core, from the smallest size
+  // of which `buffers` buffers exceed the last-level cache, if that is more (see
+  // kGatherStreamBytes and kBroadcastStreamBytes).
   const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (!crowded && llc > 0) {
-    const size_t past = static_cast<size_t>(llc) / static_cast<size_t>(size + 1) + 1;
-    s->gather_stream_bytes_ = std::max(s->gather_stream_bytes_, past);
-  }
-  s->bcast_stream_bytes_ = kBroadcastStreamBytes;
-  if (!crowded && llc > 0) {
-    const size_t past = static_cast<size_t>(llc) / (3 * static_cast<size_t>(size)) + 1;
-    s->bcast_stream_bytes_ = std::max(s->bcast_stream_bytes_, past);
-  }
+  auto stream_from = [&](size_t least, size_t buffers) {
+    if (crowded || llc <= 0) return least;
+    return std::max(least, static_cast<size_t>(llc) / buffers + 1);
+  };
+  s->gather_stream_bytes_ = stream_from(crowded ? kCrowdedGatherStreamBytes : kGatherStreamBytes,
+                                        static_cast<size_t>(size) + 1);
+  s->bcast_stream_bytes_ = stream_from(kBroadcastStreamBytes, 3 * static_cast<size_t>(size));
   if (cores > 0 && size > 2 * cores) {
     s->across_bytes_ = std::min(static_cast<size_t>(size) * s->slot_bytes_,
                                 kBroadcastStreamBytes - 1);
